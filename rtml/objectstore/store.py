@@ -1,0 +1,370 @@
+"""The node's object store as a pure state machine: events in, commands out.
+
+No file or socket is touched here. The node manager's asyncio shell calls a
+method for each event it sees and executes the returned commands in order::
+
+    client / owner / daemon events            commands for the shell
+    ------------------------------            ----------------------
+    seal, add_holds, release_*  --+       +-> Spill(id, size)      copy shm -> disk, unlink shm
+    wait, cancel_waiter           |       +-> Restore(id, size)    copy disk -> shm, then restored()
+    spilled, restored, lost       +-> StoreCore -> Delete(id, spilled)  unlink the file
+    collect (once per loop turn) -+       +-> NotifyReady(id, waiters)
+                                          +-> NotifyLost(id, waiters, reason)
+
+Lifecycle of one object::
+
+    (placeholder) --seal--> SEALED --Spill--> SPILLED --wait/Restore--> RESTORING
+                               ^                                            |
+                               +---------------- restored() ----------------+
+    any sealed state --last holder released, then collect()--> Delete
+
+Holders are opaque ``bytes``: a client id, or the id of a container object or
+task whose value holds nested references. Deleting an object releases
+everything it held (the cascade). Releases only mark candidates; ``collect()``
+deletes them, so a hold that arrives in the same loop turn as a release wins.
+
+Accounting: ``used`` counts bytes in shared memory (SEALED, plus RESTORING
+objects, whose room is reserved when ``Restore`` is issued). A ``Spill``
+command lowers ``used`` at once: the shell performs it before the next event.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+__all__ = [
+    "RESTORING",
+    "SEALED",
+    "SPILLED",
+    "Command",
+    "Delete",
+    "NotifyLost",
+    "NotifyReady",
+    "Restore",
+    "Spill",
+    "StoreCore",
+]
+
+SEALED = "SEALED"
+SPILLED = "SPILLED"
+RESTORING = "RESTORING"
+
+
+@dataclass(frozen=True, slots=True)
+class Spill:
+    """Copy the object's segment to the spill directory, then unlink the segment."""
+
+    object_id: bytes
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Restore:
+    """Copy the object back from the spill directory into shm; then call ``restored``."""
+
+    object_id: bytes
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    """Unlink the object's file: the spill file if ``spilled``, else the shm segment.
+
+    A file that is already gone counts as deleted.
+    """
+
+    object_id: bytes
+    spilled: bool
+
+
+@dataclass(frozen=True, slots=True)
+class NotifyReady:
+    """Tell each waiter that the object is in shm and can be mapped."""
+
+    object_id: bytes
+    waiter_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NotifyLost:
+    """Tell each waiter that the object cannot be served, and why."""
+
+    object_id: bytes
+    waiter_ids: tuple[int, ...]
+    reason: str
+
+
+Command = Spill | Restore | Delete | NotifyReady | NotifyLost
+
+
+@dataclass(slots=True)
+class _Entry:
+    """One object; ``state is None`` for a placeholder (held or awaited, not sealed)."""
+
+    state: str | None = None
+    size: int = 0
+    holders: set[bytes] = field(default_factory=set)
+    last_access: int = 0
+    waiters: dict[int, None] = field(default_factory=dict)  # ordered set
+
+
+class StoreCore:
+    """Tracks the node's objects, their holders and waiters; decides spills and deletes."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._used = 0
+        self._entries: dict[bytes, _Entry] = {}
+        self._lru: OrderedDict[bytes, None] = OrderedDict()  # SEALED only, oldest first
+        self._held_by: dict[bytes, set[bytes]] = {}  # holder -> object ids
+        self._waiting: dict[int, set[bytes]] = {}  # waiter id -> object ids
+        self._candidates: dict[bytes, None] = {}  # ordered set of deletion candidates
+        self._tick = itertools.count(1)
+
+    # ---- queries -------------------------------------------------------------
+
+    def contains(self, object_id: bytes) -> bool:
+        """Whether the object has been sealed and not deleted (in shm or on disk)."""
+        entry = self._entries.get(object_id)
+        return entry is not None and entry.state is not None
+
+    def state(self, object_id: bytes) -> str | None:
+        """``SEALED``, ``SPILLED``, ``RESTORING``, or None if unknown or not yet sealed."""
+        entry = self._entries.get(object_id)
+        return entry.state if entry is not None else None
+
+    def stats(self) -> dict[str, int]:
+        """Counters for metrics and tests."""
+        sealed = [e for e in self._entries.values() if e.state is not None]
+        spilled = [e for e in sealed if e.state == SPILLED]
+        return {
+            "num_objects": len(sealed),
+            "used_bytes": self._used,
+            "capacity": self.capacity,
+            "num_spilled": len(spilled),
+            "spilled_bytes": sum(e.size for e in spilled),
+            "num_waiters": sum(len(e.waiters) for e in self._entries.values()),
+        }
+
+    # ---- sealing and access --------------------------------------------------
+
+    def seal(self, object_id: bytes, size: int, holder: bytes) -> list[Command]:
+        """Record a sealed object held by ``holder``; wake its waiters; spill LRU if full.
+
+        Holds added before the seal are kept. Sealing an id that is already
+        sealed only adds the holder. An object bigger than the whole capacity
+        is kept anyway (the store runs over capacity until it is freed).
+        """
+        entry = self._entries.setdefault(object_id, _Entry())
+        self._hold(object_id, entry, holder)
+        if entry.state is not None:
+            return []
+        entry.state, entry.size = SEALED, size
+        self._used += size
+        self.touch(object_id)
+        commands = self._wake(object_id, entry)
+        commands += self._make_room(0, exclude=object_id)
+        return commands
+
+    def touch(self, object_id: bytes) -> None:
+        """Mark the object as just used, so it is spilled last."""
+        entry = self._entries.get(object_id)
+        if entry is None or entry.state is None:
+            return
+        entry.last_access = next(self._tick)
+        if entry.state == SEALED:
+            self._lru[object_id] = None
+            self._lru.move_to_end(object_id)
+
+    def spilled(self, object_id: bytes) -> None:
+        """The shell confirms the object now lives only on disk.
+
+        After a ``Spill`` command this is a no-op (accounting was done when the
+        command was issued); for a SEALED object it also releases its bytes.
+        """
+        entry = self._entries.get(object_id)
+        if entry is not None and entry.state == SEALED:
+            self._mark_spilled(object_id, entry)
+
+    # ---- waiting -------------------------------------------------------------
+
+    def wait(self, object_id: bytes, waiter_id: int) -> list[Command]:
+        """Ask to be told when the object is in shm.
+
+        SEALED: ready now. SPILLED: room is made and a ``Restore`` issued; the
+        waiter is woken by ``restored``. Unknown or restoring: woken later.
+        """
+        entry = self._entries.get(object_id)
+        if entry is not None and entry.state == SEALED:
+            self.touch(object_id)
+            return [NotifyReady(object_id, (waiter_id,))]
+        if entry is None:
+            entry = self._entries[object_id] = _Entry()
+        entry.waiters[waiter_id] = None
+        self._waiting.setdefault(waiter_id, set()).add(object_id)
+        if entry.state == SPILLED:
+            return self._restore(object_id, entry)
+        return []
+
+    def restored(self, object_id: bytes) -> list[Command]:
+        """The shell finished a ``Restore``: the object is SEALED again; wake its waiters."""
+        entry = self._entries.get(object_id)
+        if entry is None or entry.state != RESTORING:
+            return []
+        entry.state = SEALED
+        self.touch(object_id)
+        return self._wake(object_id, entry)
+
+    def cancel_waiter(self, waiter_id: int) -> None:
+        """Forget ``waiter_id`` (its client went away or timed out)."""
+        for object_id in self._waiting.pop(waiter_id, ()):
+            entry = self._entries.get(object_id)
+            if entry is not None:
+                entry.waiters.pop(waiter_id, None)
+                self._drop_if_unused_placeholder(object_id, entry)
+
+    def lost(self, object_id: bytes, reason: str) -> list[Command]:
+        """The shell could not read, spill or restore the object: forget it.
+
+        Returns ``NotifyLost`` for its waiters and a ``Delete`` so that any
+        remaining file is removed; what it held is released (the cascade).
+        """
+        entry = self._entries.get(object_id)
+        if entry is None or entry.state is None:
+            return []
+        waiters = self._forget_waiters(object_id, entry)
+        commands: list[Command] = [self._delete(object_id, entry)]
+        if waiters:
+            commands.append(NotifyLost(object_id, waiters, reason))
+        self._release_holder_into_candidates(object_id)
+        return commands
+
+    # ---- holds and deletion --------------------------------------------------
+
+    def add_holds(self, object_ids: Iterable[bytes], holder: bytes) -> list[Command]:
+        """``holder`` references each object; unsealed ones get a placeholder. Returns []."""
+        for object_id in object_ids:
+            entry = self._entries.setdefault(object_id, _Entry())
+            self._hold(object_id, entry, holder)
+        return []
+
+    def release_holds(self, object_ids: Iterable[bytes], holder: bytes) -> list[Command]:
+        """``holder`` drops each object; unknown holds are ignored. Returns [] (see collect)."""
+        for object_id in object_ids:
+            self._unhold(object_id, holder)
+        return []
+
+    def release_holder(self, holder: bytes) -> list[Command]:
+        """Drop every hold of ``holder`` (a client that left, a freed container). Returns []."""
+        self._release_holder_into_candidates(holder)
+        return []
+
+    def collect(self) -> list[Command]:
+        """Delete sealed objects that still have no holder, cascading into what they held.
+
+        A RESTORING object stays a candidate until ``restored``.
+        """
+        commands: list[Command] = []
+        deferred: list[bytes] = []
+        while self._candidates:
+            object_id = next(iter(self._candidates))
+            del self._candidates[object_id]
+            entry = self._entries.get(object_id)
+            if entry is None or entry.holders or entry.state is None:
+                continue
+            if entry.state == RESTORING:
+                deferred.append(object_id)
+                continue
+            commands.append(self._delete(object_id, entry))
+            self._release_holder_into_candidates(object_id)
+        self._candidates.update(dict.fromkeys(deferred))
+        return commands
+
+    # ---- internals -----------------------------------------------------------
+
+    def _hold(self, object_id: bytes, entry: _Entry, holder: bytes) -> None:
+        entry.holders.add(holder)
+        self._held_by.setdefault(holder, set()).add(object_id)
+
+    def _unhold(self, object_id: bytes, holder: bytes) -> None:
+        entry = self._entries.get(object_id)
+        if entry is None or holder not in entry.holders:
+            return
+        entry.holders.discard(holder)
+        held = self._held_by.get(holder)
+        if held is not None:
+            held.discard(object_id)
+            if not held:
+                del self._held_by[holder]
+        if not entry.holders:
+            if entry.state is None:
+                self._drop_if_unused_placeholder(object_id, entry)
+            else:
+                self._candidates[object_id] = None
+
+    def _release_holder_into_candidates(self, holder: bytes) -> None:
+        for object_id in list(self._held_by.get(holder, ())):
+            self._unhold(object_id, holder)
+
+    def _drop_if_unused_placeholder(self, object_id: bytes, entry: _Entry) -> None:
+        if entry.state is None and not entry.holders and not entry.waiters:
+            del self._entries[object_id]
+
+    def _delete(self, object_id: bytes, entry: _Entry) -> Delete:
+        """Remove the entry and return the command that unlinks its file."""
+        del self._entries[object_id]
+        self._candidates.pop(object_id, None)
+        self._lru.pop(object_id, None)
+        for holder in entry.holders:  # only ``lost`` deletes a held object
+            self._held_by[holder].discard(object_id)
+            if not self._held_by[holder]:
+                del self._held_by[holder]
+        if entry.state in (SEALED, RESTORING):
+            self._used -= entry.size
+        self._forget_waiters(object_id, entry)
+        return Delete(object_id, spilled=entry.state in (SPILLED, RESTORING))
+
+    def _forget_waiters(self, object_id: bytes, entry: _Entry) -> tuple[int, ...]:
+        waiters = tuple(entry.waiters)
+        entry.waiters.clear()
+        for waiter_id in waiters:
+            objects = self._waiting.get(waiter_id)
+            if objects is not None:
+                objects.discard(object_id)
+                if not objects:
+                    del self._waiting[waiter_id]
+        return waiters
+
+    def _wake(self, object_id: bytes, entry: _Entry) -> list[Command]:
+        waiters = self._forget_waiters(object_id, entry)
+        return [NotifyReady(object_id, waiters)] if waiters else []
+
+    def _restore(self, object_id: bytes, entry: _Entry) -> list[Command]:
+        commands = self._make_room(entry.size, exclude=object_id)
+        entry.state = RESTORING
+        self._used += entry.size
+        commands.append(Restore(object_id, entry.size))
+        return commands
+
+    def _make_room(self, incoming: int, exclude: bytes) -> list[Command]:
+        """Spill least-recently-used SEALED objects until ``incoming`` more bytes fit."""
+        commands: list[Command] = []
+        victims = iter(list(self._lru))
+        while self._used + incoming > self.capacity:
+            victim = next(victims, None)
+            if victim is None:
+                break  # nothing left to spill: run over capacity
+            if victim == exclude:
+                continue
+            entry = self._entries[victim]
+            self._mark_spilled(victim, entry)
+            commands.append(Spill(victim, entry.size))
+        return commands
+
+    def _mark_spilled(self, object_id: bytes, entry: _Entry) -> None:
+        entry.state = SPILLED
+        self._used -= entry.size
+        self._lru.pop(object_id, None)
