@@ -1,0 +1,317 @@
+"""The public calls of rtml (re-exported by ``rtml/__init__.py``)."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rtml import cluster
+from rtml.config import NodeConfig, default_object_store_memory
+from rtml.core import context
+from rtml.core.actors import ActorClass, ActorHandle
+from rtml.core.object_ref import ObjectRef
+from rtml.core.remote_function import RemoteFunction
+from rtml.core.runtime import ClientConfig, ClientRuntime
+from rtml.ids import new_job_id
+from rtml.rpc import messages as m
+from rtml.session import Session, default_session_dir, fresh_session_dir, new_token
+
+_embedded: cluster.StartedNode | None = None
+_init_lock = threading.Lock()
+
+
+class InitContext:
+    """What ``init`` returns: ``address_info`` names the cluster joined."""
+
+    def __init__(self, address_info: dict[str, str]) -> None:
+        self.address_info = address_info
+
+    def __enter__(self) -> InitContext:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        shutdown()
+
+
+_context: InitContext | None = None
+
+
+def init(address: str | None = None, *, num_cpus: float | None = None,
+         num_gpus: float | None = None, resources: dict[str, float] | None = None,
+         object_store_memory: int | None = None, namespace: str | None = None,
+         log_to_driver: bool = True, token: str | None = None,
+         ignore_reinit_error: bool = False, _prestart_workers: int = -1) -> InitContext:
+    """Connect to a cluster, starting an embedded one when no address is given."""
+    global _context, _embedded
+    with _init_lock:
+        if context.get_runtime() is not None:
+            if ignore_reinit_error and _context is not None:
+                return _context
+            raise RuntimeError("rtml.init() was already called; call rtml.shutdown() first "
+                               "or pass ignore_reinit_error=True")
+        address = address or os.environ.get("RTML_ADDRESS")
+        if address is None:
+            session = Session(Path(fresh_session_dir()))
+            token = new_token()
+            node = NodeConfig(str(session.root), token, "",
+                              float(os.cpu_count() or 1) if num_cpus is None else num_cpus,
+                              num_gpus or 0.0, resources or {},
+                              object_store_memory or default_object_store_memory(),
+                              prestart_workers=_prestart_workers)
+            _embedded = cluster.start_head_node(session, token, node, die_with_parent=True)
+            head_address, nm_address = _embedded.head_address, _embedded.nm_address
+        else:
+            session, head_address, nm_address, token = _join_info(address, token)
+        rt = _connect(session, head_address, nm_address, token, namespace or "")
+        context.set_runtime(rt)
+        _context = InitContext({"address": head_address, "node_id": rt.node_id.hex(),
+                                "session_dir": str(session.root)})
+        return _context
+
+
+def _join_info(address: str, token: str | None) -> tuple[Session, str, str, str]:
+    """Find this machine's node for ``address`` ("auto" or "host:port")."""
+    session = Session(Path(default_session_dir()))
+    record = session.read_record()
+    if record is None:
+        raise ConnectionError(
+            f"no rtml node runs on this machine (no {session.record_file}); start one with "
+            f"`rtml start --head` or `rtml start --address HOST:PORT`")
+    head_address = record["head_address"] if address == "auto" else address
+    if address != "auto" and record["head_address"] != address:
+        raise ConnectionError(f"the node in {session.root} belongs to "
+                              f"{record['head_address']}, not {address}; set "
+                              f"RTML_SESSION_DIR to the session of a node of {address}")
+    token = token or os.environ.get("RTML_TOKEN") or session.read_token()
+    if not token:
+        raise ConnectionError("no cluster token: pass token=... or set RTML_TOKEN")
+    return session, head_address, record["nm_address"], token
+
+
+def _connect(session: Session, head_address: str, nm_address: str, token: str,
+             namespace: str) -> ClientRuntime:
+    job_id = new_job_id()
+    paths = [os.getcwd()] + ([sys.path[0]] if sys.path and sys.path[0] else [])
+    rt = ClientRuntime(ClientConfig("driver", token, nm_address, head_address,
+                                    str(session.root), job_id, namespace=namespace,
+                                    sys_paths=tuple(dict.fromkeys(paths))))
+    try:
+        rt.connect()
+    except BaseException:
+        rt.close()
+        _stop_embedded()
+        raise
+    rt.head.send(m.RegisterJob(job_id, os.getpid(), namespace, os.getcwd()))
+    return rt
+
+
+def _stop_embedded() -> None:
+    global _embedded
+    if _embedded is not None:
+        _embedded.stop()
+        _embedded = None
+
+
+def shutdown() -> None:
+    """Disconnect; stop the embedded cluster if ``init`` started one."""
+    global _context
+    with _init_lock:
+        rt = context.get_runtime()
+        if rt is not None:
+            context.set_runtime(None)
+            rt.close()
+        _context = None
+        _stop_embedded()
+
+
+atexit.register(shutdown)
+
+
+def is_initialized() -> bool:
+    return context.get_runtime() is not None
+
+
+def remote(*args: Any, **options: Any) -> Any:
+    """``@remote`` or ``@remote(**options)`` on a function or a class."""
+    if len(args) == 1 and not options and callable(args[0]):
+        return _make_remote(args[0], {})
+    if args:
+        raise TypeError("use @rtml.remote or @rtml.remote(num_cpus=..., ...)")
+    return lambda target: _make_remote(target, options)
+
+
+def _make_remote(target: Any, options: dict[str, Any]) -> Any:
+    if isinstance(target, type):
+        return ActorClass(target, options)
+    if callable(target):
+        return RemoteFunction(target, options)
+    raise TypeError(f"@rtml.remote needs a function or a class, got {target!r}")
+
+
+def _as_refs(value: Any, what: str) -> tuple[list[ObjectRef], bool]:
+    if isinstance(value, ObjectRef):
+        return [value], True
+    if isinstance(value, (list, tuple)) and all(isinstance(r, ObjectRef) for r in value):
+        return list(value), False
+    raise TypeError(f"{what} takes an ObjectRef or a list of ObjectRefs, got "
+                    f"{type(value).__name__}; only the result of .remote() or put() can be "
+                    f"passed")
+
+
+def get(refs: Any, *, timeout: float | None = None) -> Any:
+    """Block for the value(s) of ``refs``; raises the task's error or GetTimeoutError."""
+    rt = context.require_runtime()
+    ref_list, single = _as_refs(refs, "get()")
+    values = rt.get(ref_list, timeout)
+    return values[0] if single else values
+
+
+def put(value: Any) -> ObjectRef:
+    """Store ``value`` in the cluster; returns its ref."""
+    return context.require_runtime().put(value)
+
+
+def wait(refs: list[ObjectRef], *, num_returns: int = 1, timeout: float | None = None,
+         fetch_local: bool = True) -> tuple[list[ObjectRef], list[ObjectRef]]:
+    """Return ``(ready, not_ready)``: the first ``num_returns`` ready refs, in input order."""
+    rt = context.require_runtime()
+    if isinstance(refs, ObjectRef) or not isinstance(refs, (list, tuple)):
+        raise TypeError(f"wait() takes a list of ObjectRefs, got {type(refs).__name__}")
+    ref_list, _ = _as_refs(list(refs), "wait()") if refs else ([], False)
+    if len(set(ref_list)) != len(ref_list):
+        raise ValueError("wait() got duplicate ObjectRefs; pass each ref once")
+    if not ref_list:
+        return [], []
+    if not isinstance(num_returns, int) or not 1 <= num_returns <= len(ref_list):
+        raise ValueError(f"num_returns must be between 1 and len(refs)={len(ref_list)}, "
+                         f"got {num_returns!r}")
+    ready = _wait_ready(rt, ref_list, num_returns, timeout)
+    return ([r for r in ref_list if r.id in ready][:num_returns],
+            [r for r in ref_list if r.id not in ready or
+             r not in [x for x in ref_list if x.id in ready][:num_returns]])
+
+
+def _wait_ready(rt: ClientRuntime, refs: list[ObjectRef], num_returns: int,
+                timeout: float | None) -> set[bytes]:
+    ready: set[bytes] = set()
+    cond = threading.Condition()
+    cancels: list[Callable[[], None]] = []
+
+    def arrived(object_id: bytes) -> None:
+        with cond:
+            ready.add(object_id)
+            cond.notify_all()
+
+    for ref in refs:
+        cancels.append(rt.on_ready(ref, arrived))
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with cond:
+        while len(ready) < num_returns:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            cond.wait(left)
+        result = set(ready)
+    for cancel_fn in cancels:
+        cancel_fn()
+    return result
+
+
+def cancel(ref: ObjectRef, *, force: bool = False, recursive: bool = True) -> None:
+    """Cancel the task producing ``ref``; ``get`` then raises TaskCancelledError."""
+    if not isinstance(ref, ObjectRef):
+        raise TypeError(f"cancel() takes an ObjectRef, got {type(ref).__name__}")
+    context.require_runtime().cancel(ref, force)
+
+
+def kill(actor: ActorHandle, *, no_restart: bool = True) -> None:
+    """Kill an actor; its pending and later calls raise ActorDiedError."""
+    if not isinstance(actor, ActorHandle):
+        raise TypeError(f"kill() takes an ActorHandle, got {type(actor).__name__}")
+    context.require_runtime().head.send(m.KillActor(actor._actor_id, no_restart))
+
+
+def get_actor(name: str, namespace: str | None = None) -> ActorHandle:
+    """A handle to the live actor called ``name``; ValueError if there is none."""
+    rt = context.require_runtime()
+    ns = rt.config.namespace if namespace is None else namespace
+    info: m.ActorInfo = rt.request(rt.head, lambda req_id: m.GetActorInfo(
+        req_id, b"", name=name, namespace=ns, wait_ready=False))
+    if info.state in ("MISSING", "DEAD") or info.spec is None:
+        raise ValueError(f"no live actor named {name!r} in namespace {ns!r}")
+    return _handle_from_spec(rt, info.spec)
+
+
+def _handle_from_spec(rt: ClientRuntime, spec: m.ActorSpec) -> ActorHandle:
+    from rtml.core.actors import _method_meta
+    cls = rt.functions.get(spec.class_id)
+    if cls is None:
+        import cloudpickle
+        cls = rt.functions[spec.class_id] = cloudpickle.loads(
+            rt.plane.fetch_function(spec.class_id) or b"")
+    return ActorHandle(spec.actor_id, spec.class_name, _method_meta(cls),
+                       spec.max_task_retries)
+
+
+def nodes() -> list[dict[str, Any]]:
+    """Every node: NodeID, Alive, NodeManagerAddress, Resources."""
+    rt = context.require_runtime()
+    info: m.ClusterInfo = rt.request(rt.head, lambda req_id: m.GetClusterInfo(req_id))
+    return [dict(n) for n in info.nodes]
+
+
+def cluster_resources() -> dict[str, float]:
+    return _sum_resources("Resources")
+
+
+def available_resources() -> dict[str, float]:
+    return _sum_resources("Available")
+
+
+def _sum_resources(field: str) -> dict[str, float]:
+    total: dict[str, float] = {}
+    for node in nodes():
+        if node["Alive"]:
+            for name, amount in node[field].items():
+                total[name] = total.get(name, 0.0) + max(0.0, amount)
+    return total
+
+
+def get_runtime_context() -> context.RuntimeContext:
+    return context.RuntimeContext(context.require_runtime())
+
+
+def timeline(filename: str | None = None) -> list[dict[str, Any]]:
+    """Chrome-trace events of this job's finished tasks (also written to ``filename``)."""
+    rt = context.require_runtime()
+    rt.writer.flush()
+    events = []
+    for task in rt.plane.list_tasks({"job_id": rt.job_id.hex()}):
+        if task.get("start_ts") and task.get("end_ts"):
+            events.append({"name": task.get("name", "task"), "cat": "task", "ph": "X",
+                           "ts": task["start_ts"] * 1e6,
+                           "dur": (task["end_ts"] - task["start_ts"]) * 1e6,
+                           "pid": task.get("node_id", "")[:12], "tid": task.get("worker_pid", 0),
+                           "args": {"task_id": task.get("task_id"),
+                                    "status": task.get("status")}})
+    if filename is not None:
+        with open(filename, "w") as f:
+            json.dump(events, f)
+    return events
+
+
+def _store_stats() -> dict[str, int]:
+    """The local node's object-store counters (for tests and benchmarks)."""
+    rt = context.require_runtime()
+    reply: m.StoreStatsReply = rt.request(rt.nm, lambda req_id: m.StoreStats(req_id))
+    return reply.stats
+
+
+

@@ -1,0 +1,134 @@
+"""Starting and stopping the processes of a node: Redis, the head service, a node manager.
+
+Used by the embedded ``rtml.init()`` (children die with the driver) and by
+``rtml start`` (daemons recorded in the session directory). Each child reports
+readiness on a pipe; nobody polls.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+from rtml.config import HeadConfig, NodeConfig
+from rtml.control_plane import RedisProcess, start_redis
+from rtml.exceptions import RtmlSystemError
+from rtml.session import Session
+
+START_TIMEOUT = 30.0
+
+
+@dataclass
+class StartedNode:
+    """Processes started for one node (and the head, if this is the head node)."""
+
+    session: Session
+    head_address: str
+    nm_address: str
+    node_id: str
+    redis: RedisProcess | None = None
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def pids(self) -> list[int]:
+        pids = [p.pid for p in self.procs]
+        if self.redis is not None:
+            pids.append(self.redis.proc.pid)
+        return pids
+
+    def stop(self) -> None:
+        """Stop the node manager first (it reaps workers), then the head, then Redis."""
+        for proc in reversed(self.procs):
+            _terminate(proc)
+        if self.redis is not None:
+            self.redis.stop()
+
+
+def _terminate(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def spawn_daemon(module: str, config_json: str, session: Session, name: str,
+                 die_with_parent: bool) -> tuple[subprocess.Popen[bytes], str]:
+    """Start ``python -m module`` and wait for its readiness line. Raises RtmlSystemError."""
+    read_fd, write_fd = os.pipe()
+    env = dict(os.environ, RTML_DIE_WITH_PARENT="1" if die_with_parent else "0")
+    with open(session.log_file(f"{name}-out"), "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", module, config_json, str(write_fd)],
+                                pass_fds=(write_fd,), stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=out, env=env, start_new_session=not die_with_parent)
+    os.close(write_fd)
+    try:
+        line = _read_line(read_fd, START_TIMEOUT)
+    finally:
+        os.close(read_fd)
+    if not line.startswith("ok"):
+        _terminate(proc)
+        raise RtmlSystemError(f"{name} failed to start ({line or 'no answer'}); see "
+                              f"{session.log_file(name)} and {session.log_file(name + '-out')}")
+    return proc, line.split(" ", 1)[1]
+
+
+def _read_line(fd: int, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    data = b""
+    while not data.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return ""
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode().strip()
+
+
+def start_head_node(session: Session, token: str, node: NodeConfig, *, port: int = 0,
+                    host: str = "127.0.0.1", die_with_parent: bool) -> StartedNode:
+    """Start Redis, the head service and a node manager."""
+    session.create()
+    session.write_token(token)
+    redis = start_redis(port=0, password=token, data_dir=str(session.redis),
+                        die_with_parent=die_with_parent)
+    started = StartedNode(session, "", "", "", redis)
+    try:
+        head_cfg = HeadConfig(str(session.root), token, redis.host, redis.port, host, port)
+        head_proc, head_address = spawn_daemon("rtml.scheduler.head", head_cfg.to_json(),
+                                               session, "head", die_with_parent)
+        started.procs.append(head_proc)
+        started.head_address = head_address
+        _start_node_manager(started, node, head_address, die_with_parent)
+    except BaseException:
+        started.stop()
+        raise
+    return started
+
+
+def join_node(session: Session, token: str, node: NodeConfig, head_address: str, *,
+              die_with_parent: bool) -> StartedNode:
+    """Start a node manager that joins the head at ``head_address``."""
+    session.create()
+    session.write_token(token)
+    started = StartedNode(session, head_address, "", "")
+    _start_node_manager(started, node, head_address, die_with_parent)
+    return started
+
+
+def _start_node_manager(started: StartedNode, node: NodeConfig, head_address: str,
+                        die_with_parent: bool) -> None:
+    cfg = NodeConfig(**{**node.__dict__, "head_address": head_address,
+                        "session_dir": str(started.session.root)})
+    proc, info = spawn_daemon("rtml.scheduler.node_manager", cfg.to_json(), started.session,
+                              "node_manager", die_with_parent)
+    started.procs.append(proc)
+    started.node_id, started.nm_address = info.split(" ", 1)

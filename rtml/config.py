@@ -1,0 +1,89 @@
+"""Configuration, resolved once at each entry point and passed down frozen.
+
+Precedence: defaults < ``RTML_*`` environment < command-line flags / init kwargs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+INLINE_MAX = 100 * 1024
+"""Values up to this many bytes travel inline and live in the owner's memory."""
+
+HEARTBEAT_INTERVAL = 0.5
+LEASE_IDLE_TIMEOUT = 0.05
+"""Seconds a leased worker may sit idle before the owner hands it back."""
+
+
+def default_object_store_memory() -> int:
+    """30% of RAM, capped at 8 GiB and at 80% of /dev/shm's free space."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    st = os.statvfs("/dev/shm")
+    shm_free = st.f_bavail * st.f_frsize
+    return int(min(total * 0.3, 8 << 30, shm_free * 0.8))
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """Everything a node manager needs to start."""
+
+    session_dir: str
+    token: str
+    head_address: str  # "unix:/path" or "host:port" of the head service
+    num_cpus: float
+    num_gpus: float = 0.0
+    resources: dict[str, float] = field(default_factory=dict)
+    object_store_memory: int = 0
+    node_ip: str = "127.0.0.1"
+    port: int = 0
+    prestart_workers: int = -1  # -1: one per CPU
+
+    def total_resources(self) -> dict[str, float]:
+        total = {"CPU": float(self.num_cpus), "GPU": float(self.num_gpus),
+                 "memory": float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
+                 "object_store_memory": float(self.object_store_memory),
+                 f"node:{self.node_ip}": 1.0}
+        total.update({k: float(v) for k, v in self.resources.items()})
+        return total
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__)
+
+    @classmethod
+    def from_json(cls, text: str) -> NodeConfig:
+        return cls(**json.loads(text))
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    """Everything the head service needs to start."""
+
+    session_dir: str
+    token: str
+    redis_host: str
+    redis_port: int
+    host: str = "127.0.0.1"
+    port: int = 0
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__)
+
+    @classmethod
+    def from_json(cls, text: str) -> HeadConfig:
+        return cls(**json.loads(text))
+
+
+def parse_resources(text: str | None) -> dict[str, float]:
+    """Parse ``--resources '{"name": 2}'``. Raises ValueError with a fix."""
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--resources must be a JSON object like '{{\"GPU_TYPE_A\": 1}}': {exc}")
+    if not isinstance(value, dict) or not all(
+            isinstance(v, (int, float)) and v >= 0 for v in value.values()):
+        raise ValueError("--resources must map names to non-negative numbers")
+    return {str(k): float(v) for k, v in value.items()}

@@ -1,0 +1,328 @@
+"""Actors: ``@rtml.remote`` on a class, handles, and the caller side of method calls.
+
+    Cls.remote() --CreateActor--> head service --StartActor--> node manager --> dedicated worker
+    handle.m.remote() -> ActorCaller queue --(address from head, once)--> PushTask to the worker
+    connection lost -> in-flight calls retried (max_task_retries) or ActorDiedError;
+                       the next call asks the head again (it answers after a restart, or DEAD)
+
+Calls from one caller travel over one connection, so the actor sees them in order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import logging
+import threading
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import cloudpickle
+
+from rtml.core import context
+from rtml.core.arguments import build_args
+from rtml.core.object_ref import ObjectRef
+from rtml.core.options import ACTOR_OPTIONS, METHOD_OPTIONS, check_options
+from rtml.core.submitter import TaskRecord
+from rtml.exceptions import ActorDiedError
+from rtml.ids import new_task_id, object_id_for, random_id
+from rtml.rpc import messages as m
+from rtml.rpc.reactor import Connection, make_hello, open_connection
+from rtml.scheduler.resources import task_shape
+
+if TYPE_CHECKING:
+    from rtml.core.runtime import ClientRuntime
+
+log = logging.getLogger(__name__)
+
+
+class ActorClass:
+    """A class whose instances live in their own worker processes."""
+
+    def __init__(self, cls: type, options: dict[str, Any]) -> None:
+        self._cls = cls
+        self._options = check_options(dict(options), ACTOR_OPTIONS, "an actor class")
+        self._blob: bytes | None = None
+        self._class_id = b""
+        self.__name__ = cls.__name__
+        self.__doc__ = cls.__doc__
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(f"actor class {self.__name__!r} cannot be instantiated directly; "
+                        f"use {self.__name__}.remote(...) to start an actor")
+
+    def options(self, **options: Any) -> _BoundClass:
+        check_options(options, ACTOR_OPTIONS, f"actor class {self.__name__!r}")
+        return _BoundClass(self, {**self._options, **options})
+
+    def remote(self, *args: Any, **kwargs: Any) -> ActorHandle:
+        return self._create(self._options, args, kwargs)
+
+    def _export(self, rt: ClientRuntime) -> bytes:
+        if self._blob is None:
+            self._blob = cloudpickle.dumps(self._cls)
+            self._class_id = hashlib.sha1(self._blob).digest()
+        rt.export_function(self._class_id, self._blob)
+        return self._class_id
+
+    def _create(self, options: dict[str, Any], args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> ActorHandle:
+        rt = context.require_runtime()
+        class_id = self._export(rt)
+        built = build_args(rt, args, kwargs)
+        is_async = any(inspect.iscoroutinefunction(f) for _, f in _methods(self._cls))
+        place = task_shape(options.get("num_cpus"), options.get("num_gpus"),
+                           options.get("memory"), options.get("resources"))
+        hold = task_shape(options.get("num_cpus"), options.get("num_gpus"),
+                          options.get("memory"), options.get("resources"), default_cpus=0)
+        spec = m.ActorSpec(
+            actor_id=random_id(), job_id=rt.job_id, owner_id=rt.client_id, class_id=class_id,
+            class_name=self.__name__, args=built.args, kwarg_names=built.kwarg_names,
+            shape=place, hold_shape=hold,
+            max_restarts=options.get("max_restarts", 0),
+            max_task_retries=options.get("max_task_retries", 0),
+            max_concurrency=options.get("max_concurrency", 1000 if is_async else 1),
+            is_async=is_async, name=options.get("name") or "",
+            namespace=options.get("namespace") or rt.config.namespace,
+            detached=options.get("lifetime") == "detached", sys_paths=rt.sys_paths)
+        handle = ActorHandle(spec.actor_id, self.__name__, _method_meta(self._cls),
+                             spec.max_task_retries)
+        if built.pending:
+            refs = [ref for _, ref in built.pending]
+            threading.Thread(target=_create_later, args=(rt, spec, built, refs, options),
+                             daemon=True).start()
+            return handle
+        existing = _send_create(rt, spec, options)
+        if existing is not None:
+            return ActorHandle(existing.actor_id, self.__name__, handle._methods,
+                               existing.spec.max_task_retries if existing.spec else 0)
+        rt.caller(spec.actor_id, spec.max_task_retries).keep_alive = built.keep_alive
+        return handle
+
+
+def _create_later(rt: ClientRuntime, spec: m.ActorSpec, built: Any, refs: list[ObjectRef],
+                  options: dict[str, Any]) -> None:
+    from rtml.core.runtime import resolved_arg
+    try:
+        rt.get(refs, None)
+    except Exception:
+        pass
+    for index, ref in built.pending:
+        spec.args[index] = resolved_arg(ref, rt.store.get(ref.id))
+    _send_create(rt, spec, options)
+
+
+def _send_create(rt: ClientRuntime, spec: m.ActorSpec,
+                 options: dict[str, Any]) -> m.ActorInfo | None:
+    """Register the actor; for named actors wait for the head's verdict."""
+    if not spec.name:
+        rt.head.send(m.CreateActor(0, spec))
+        return None
+    get_if_exists = bool(options.get("get_if_exists"))
+    reply: m.ActorInfo = rt.request(
+        rt.head, lambda req_id: m.CreateActor(req_id, spec, get_if_exists))
+    if reply.error:
+        raise ValueError(reply.error)
+    return reply if reply.actor_id != spec.actor_id else None
+
+
+def _methods(cls: type) -> list[tuple[str, Any]]:
+    return [(name, f) for name, f in inspect.getmembers(cls, callable)
+            if not name.startswith("__") or name == "__call__"]
+
+
+def _method_meta(cls: type) -> dict[str, int]:
+    return {name: getattr(f, "__rtml_num_returns__", 1) for name, f in _methods(cls)}
+
+
+class _BoundClass:
+    def __init__(self, actor_class: ActorClass, options: dict[str, Any]) -> None:
+        self._actor_class = actor_class
+        self._opts = options
+
+    def remote(self, *args: Any, **kwargs: Any) -> ActorHandle:
+        return self._actor_class._create(self._opts, args, kwargs)
+
+
+class ActorHandle:
+    """A picklable handle to an actor; ``handle.method.remote(...)`` calls it."""
+
+    def __init__(self, actor_id: bytes, class_name: str, methods: dict[str, int],
+                 max_task_retries: int) -> None:
+        self._actor_id = actor_id
+        self._class_name = class_name
+        self._methods = methods
+        self._max_task_retries = max_task_retries
+
+    def __getattr__(self, name: str) -> ActorMethod:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name not in self._methods:
+            raise AttributeError(f"actor {self._class_name!r} has no method {name!r}; "
+                                 f"it has {sorted(self._methods)}")
+        return ActorMethod(self, name, {"num_returns": self._methods[name]})
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ActorHandle, (self._actor_id, self._class_name, self._methods,
+                              self._max_task_retries))
+
+    def __repr__(self) -> str:
+        return f"ActorHandle({self._class_name}, {self._actor_id.hex()})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ActorHandle) and other._actor_id == self._actor_id
+
+    def __hash__(self) -> int:
+        return hash(self._actor_id)
+
+
+class ActorMethod:
+    def __init__(self, handle: ActorHandle, name: str, options: dict[str, Any]) -> None:
+        self._handle = handle
+        self._name = name
+        self._opts = options
+
+    def options(self, **options: Any) -> ActorMethod:
+        check_options(options, METHOD_OPTIONS, f"actor method {self._name!r}")
+        return ActorMethod(self._handle, self._name, {**self._opts, **options})
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        rt = context.require_runtime()
+        handle = self._handle
+        num_returns = self._opts.get("num_returns", 1)
+        built = build_args(rt, args, kwargs)
+        task_id = new_task_id()
+        return_ids = [object_id_for(task_id, i + 1) for i in range(num_returns)]
+        name = self._opts.get("name") or f"{handle._class_name}.{self._name}"
+        spec = m.TaskSpec(task_id, rt.job_id, name, b"", built.args, built.kwarg_names,
+                          num_returns, rt.client_id, actor_id=handle._actor_id,
+                          method=self._name)
+        record = TaskRecord(spec, {}, handle._max_task_retries, False, built.keep_alive,
+                            return_ids, has_contained=bool(built.contained))
+        if built.contained:
+            rt.nm.send(m.AddHolds(built.contained, task_id))
+        refs = [ObjectRef(oid, rt.client_id) for oid in return_ids]
+        rt.submit(record, built.pending, built.error)
+        if num_returns == 1:
+            return refs[0]
+        return refs if num_returns > 1 else None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(f"actor method {self._name!r} cannot be called directly; "
+                        f"use .{self._name}.remote(...)")
+
+
+def method(num_returns: int = 1) -> Any:
+    """Decorator setting an actor method's default ``num_returns``."""
+    def wrap(f: Any) -> Any:
+        f.__rtml_num_returns__ = num_returns
+        return f
+    return wrap
+
+
+class ActorCaller:
+    """This process's ordered channel to one actor."""
+
+    def __init__(self, rt: ClientRuntime, actor_id: bytes, max_task_retries: int) -> None:
+        self.rt = rt
+        self.actor_id = actor_id
+        self.max_task_retries = max_task_retries
+        self.conn: Connection | None = None
+        self.resolving = False
+        self.queue: deque[TaskRecord] = deque()
+        self.inflight: dict[bytes, TaskRecord] = {}
+        self.dead_error = ""
+        self.last_address = ""
+        self.keep_alive: list[Any] = []
+
+    def call(self, record: TaskRecord) -> None:
+        """Queue a ready call (under the runtime lock) and push what can go."""
+        if self.dead_error:
+            self.rt.reactor.call_soon(self._fail, record)
+            return
+        self.queue.append(record)
+        self.flush()
+
+    def flush(self) -> None:
+        queue = self.queue
+        if self.conn is None:
+            if queue and not self.resolving:
+                self._resolve()
+            return
+        while queue and queue[0].deps == 0:
+            record = queue.popleft()
+            self.inflight[record.spec.task_id] = record
+            self.conn.send(m.PushTask(record.spec))
+
+    def _resolve(self) -> None:
+        self.resolving = True
+        req_id = self.rt.next_request_id()
+        self.rt._replies[req_id] = self._on_info
+        self.rt.head.send(m.GetActorInfo(req_id, self.actor_id, wait_ready=True,
+                                         stale_address=self.last_address))
+
+    def _on_info(self, info: m.ActorInfo) -> None:
+        if info.state == "ALIVE":
+            try:
+                conn = self._connect(info.address)
+            except Exception as exc:
+                log.info("actor %s unreachable at %s: %s", self.actor_id.hex(), info.address,
+                         exc)
+                self.last_address = info.address
+                with self.rt.lock:
+                    self._resolve()
+                return
+            with self.rt.lock:
+                self.resolving = False
+                self.conn = conn
+                self.flush()
+            return
+        with self.rt.lock:
+            self.resolving = False
+            self.dead_error = info.error or f"the actor is {info.state}"
+            failed = list(self.queue)
+            self.queue.clear()
+        for record in failed:
+            self._fail(record)
+
+    def _connect(self, address: str) -> Connection:
+        rt = self.rt
+        hello = make_hello(rt.token, "driver", rt.client_id, rt.job_id, rt.sys_paths)
+        conn, _ = open_connection(rt.reactor, address, hello, self._on_message, self._on_closed)
+        return conn
+
+    def _on_message(self, conn: Connection, msg: Any) -> None:
+        if isinstance(msg, m.TaskResult):
+            with self.rt.lock:
+                record = self.inflight.pop(msg.task_id, None)
+            if record is not None:
+                self.rt.complete_task(record, msg)
+
+    def _on_closed(self, conn: Connection, reason: str) -> None:
+        failed: list[TaskRecord] = []
+        with self.rt.lock:
+            self.conn = None
+            self.last_address = conn.name
+            retry = []
+            for record in self.inflight.values():
+                if record.spec.attempt < self.max_task_retries or self.max_task_retries < 0:
+                    record.spec.attempt += 1
+                    retry.append(record)
+                else:
+                    failed.append(record)
+            self.inflight.clear()
+            self.queue.extendleft(reversed(retry))
+            self.flush()
+        for record in failed:
+            self._fail(record, f"the actor's process died while running this call ({reason})")
+
+    def _fail(self, record: TaskRecord, why: str = "") -> None:
+        name = record.spec.name
+        text = why or self.dead_error
+        self.rt.fail_task(record, ActorDiedError(
+            f"actor call {name!r} failed: the actor {self.actor_id.hex()[:12]} is dead: {text}"))
+
+    def shutdown(self) -> None:
+        if self.conn is not None:
+            self.conn.on_close = None
+            self.conn.close("shutdown")

@@ -1,0 +1,74 @@
+"""Building a task's argument list on the owner side.
+
+Plain values are pickled inline (or put into shared memory when large). A
+top-level ``ObjectRef`` is replaced by its value: inline if the owner already
+has it, by id if it lives in shared memory or is owned elsewhere (the worker
+reads it), or left pending until the owner's own task produces it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from rtml.config import INLINE_MAX
+from rtml.core.object_ref import ObjectRef
+from rtml.core.serialization import serialize
+from rtml.ids import task_of
+from rtml.rpc import messages as m
+
+if TYPE_CHECKING:
+    from rtml.core.runtime import ClientRuntime
+
+
+@dataclass
+class BuiltArgs:
+    args: list[m.TaskArg] = field(default_factory=list)
+    kwarg_names: list[str] = field(default_factory=list)
+    keep_alive: list[Any] = field(default_factory=list)
+    pending: list[tuple[int, ObjectRef]] = field(default_factory=list)
+    contained: list[bytes] = field(default_factory=list)
+    error: m.Payload | None = None
+
+
+def build_args(rt: ClientRuntime, args: tuple[Any, ...], kwargs: dict[str, Any]) -> BuiltArgs:
+    """Serialize arguments. Raises TypeError naming an unpicklable argument."""
+    built = BuiltArgs(kwarg_names=list(kwargs))
+    for position, value in enumerate((*args, *kwargs.values())):
+        label = (f"argument {position}" if position < len(args)
+                 else f"keyword argument {built.kwarg_names[position - len(args)]!r}")
+        built.args.append(_one(rt, built, position, value, label))
+    return built
+
+
+def _one(rt: ClientRuntime, built: BuiltArgs, position: int, value: Any,
+         label: str) -> m.TaskArg:
+    if isinstance(value, ObjectRef):
+        built.keep_alive.append(value)
+        return _ref_arg(rt, built, position, value)
+    try:
+        ser = serialize(value)
+    except TypeError as exc:
+        raise TypeError(f"{label}: {exc}") from None
+    built.contained += [r.id for r in ser.contained]
+    built.keep_alive += ser.contained
+    if ser.size <= INLINE_MAX:
+        return m.TaskArg(value=ser.to_payload())
+    ref = rt.put_serialized(ser)
+    built.keep_alive.append(ref)
+    return m.TaskArg(object_id=ref.id)
+
+
+def _ref_arg(rt: ClientRuntime, built: BuiltArgs, position: int, ref: ObjectRef) -> m.TaskArg:
+    if ref.owner != rt.client_id:
+        return m.TaskArg(object_id=ref.id)
+    with rt.lock:
+        entry = rt.store.get(ref.id)
+        if entry is None and task_of(ref.id) in rt.submitter.records:
+            built.pending.append((position, ref))
+            return m.TaskArg(object_id=ref.id)
+    if isinstance(entry, m.Payload):
+        if entry.is_error and built.error is None:
+            built.error = entry
+        return m.TaskArg(value=entry)
+    return m.TaskArg(object_id=ref.id)

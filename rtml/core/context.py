@@ -1,0 +1,73 @@
+"""The process's current runtime and the per-task runtime context."""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rtml.core.runtime import ClientRuntime
+
+_runtime: ClientRuntime | None = None
+_task = threading.local()
+
+
+def set_runtime(runtime: ClientRuntime | None) -> None:
+    global _runtime
+    _runtime = runtime
+
+
+def get_runtime() -> ClientRuntime | None:
+    return _runtime
+
+
+def require_runtime() -> ClientRuntime:
+    """The connected runtime. Raises RuntimeError telling the user to call init()."""
+    if _runtime is None:
+        raise RuntimeError("rtml is not initialized; call rtml.init() first")
+    return _runtime
+
+
+def set_current_task(task_id: bytes | None, actor_id: bytes | None = None) -> None:
+    _task.task_id = task_id
+    if actor_id is not None:
+        _task.actor_id = actor_id
+
+
+_actor_id: bytes | None = None
+
+
+def set_actor(actor_id: bytes | None) -> None:
+    global _actor_id
+    _actor_id = actor_id
+
+
+class RuntimeContext:
+    """What ``rtml.get_runtime_context()`` returns."""
+
+    def __init__(self, runtime: ClientRuntime) -> None:
+        self._rt = runtime
+
+    def get_node_id(self) -> str:
+        return self._rt.node_id.hex()
+
+    def get_job_id(self) -> str:
+        return self._rt.job_id.hex()
+
+    def get_task_id(self) -> str | None:
+        task_id = getattr(_task, "task_id", None)
+        return task_id.hex() if task_id else None
+
+    def get_actor_id(self) -> str | None:
+        return _actor_id.hex() if _actor_id else None
+
+    def get_worker_id(self) -> str:
+        return self._rt.client_id.hex()
+
+    @property
+    def namespace(self) -> str:
+        return self._rt.config.namespace
+
+    def get(self) -> dict[str, Any]:
+        return {"node_id": self.get_node_id(), "job_id": self.get_job_id(),
+                "task_id": self.get_task_id(), "actor_id": self.get_actor_id()}

@@ -1,0 +1,254 @@
+"""The worker's side of a task: resolve arguments, run user code, send results back.
+
+    PushTask --> Executor.on_push --inline (tasks, sync actors)--> execute --> TaskResult
+                                 --thread pool (max_concurrency > 1)-------^
+                                 --asyncio loop thread (async actors)------^
+
+Cancellation arrives on the runtime's I/O thread; if the task is running, a
+signal interrupts the main thread at its next bytecode (as Ctrl-C would).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+import cloudpickle
+
+from rtml.config import INLINE_MAX
+from rtml.core import context
+from rtml.core.memory_store import StoredError
+from rtml.core.runtime import ClientRuntime
+from rtml.core.serialization import deserialize, from_payload, serialize
+from rtml.exceptions import RtmlError, TaskCancelledError, TaskError
+from rtml.ids import TaskID, object_id_for
+from rtml.rpc import messages as m
+from rtml.rpc.reactor import Connection
+
+log = logging.getLogger(__name__)
+
+
+class _Failed(Exception):
+    """An argument is an error value: the task fails with it without running."""
+
+    def __init__(self, payload: m.Payload) -> None:
+        self.payload = payload
+
+
+class Executor:
+    def __init__(self, rt: ClientRuntime) -> None:
+        self.rt = rt
+        self.current: bytes | None = None
+        self.cancelled: set[bytes] = set()
+        self.instance: Any = None
+        self.actor: m.ActorSpec | None = None
+        self.pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.semaphore: asyncio.Semaphore | None = None
+        signal.signal(signal.SIGUSR1, self._on_cancel_signal)
+
+    # -- dispatch ----------------------------------------------------------------------------
+
+    def on_push(self, conn: Connection, spec: m.TaskSpec) -> None:
+        if self.loop is not None:
+            asyncio.run_coroutine_threadsafe(self._run_async(conn, spec), self.loop)
+        elif self.pool is not None:
+            self.pool.submit(self._run_and_reply, conn, spec)
+        else:
+            self._run_and_reply(conn, spec)
+
+    def _run_and_reply(self, conn: Connection, spec: m.TaskSpec) -> None:
+        result = self.execute(spec)
+        self.rt.process_refops()
+        conn.send(result)
+
+    async def _run_async(self, conn: Connection, spec: m.TaskSpec) -> None:
+        assert self.semaphore is not None
+        async with self.semaphore:
+            start = time.time()
+            try:
+                method, args, kwargs = self._prepare(spec)
+                value = method(*args, **kwargs)
+                if inspect.isawaitable(value):
+                    value = await value
+                returns = self._returns(spec, value)
+            except _Failed as failed:
+                returns = self._error_returns(spec, failed.payload)
+            except Exception as exc:
+                returns = self._exception_returns(spec, exc)
+            result = self._result(spec, returns, start)
+        self.rt.process_refops()
+        conn.send(result)
+
+    # -- one task ----------------------------------------------------------------------------
+
+    def execute(self, spec: m.TaskSpec) -> m.TaskResult:
+        start = time.time()
+        if spec.task_id in self.cancelled:
+            self.cancelled.discard(spec.task_id)
+            return self._cancelled(spec, start)
+        try:
+            function, args, kwargs = self._prepare(spec)
+            self.current = spec.task_id
+            context.set_current_task(spec.task_id)
+            try:
+                value = function(*args, **kwargs)
+            finally:
+                self.current = None
+                context.set_current_task(None)
+            returns = self._returns(spec, value)
+        except TaskCancelledError:
+            self.cancelled.discard(spec.task_id)
+            return self._cancelled(spec, start)
+        except _Failed as failed:
+            returns = self._error_returns(spec, failed.payload)
+        except Exception as exc:
+            returns = self._exception_returns(spec, exc)
+        return self._result(spec, returns, start)
+
+    def _prepare(self, spec: m.TaskSpec) -> tuple[Any, list[Any], dict[str, Any]]:
+        if spec.actor_id:
+            if self.instance is None or self.actor is None or spec.actor_id != self.actor.actor_id:
+                raise RtmlError(f"this worker is not actor {spec.actor_id.hex()}")
+            function = getattr(self.instance, spec.method)
+        else:
+            function = self.function(spec.function_id)
+        values = [self._arg(arg) for arg in spec.args]
+        split = len(values) - len(spec.kwarg_names)
+        return function, values[:split], dict(zip(spec.kwarg_names, values[split:], strict=True))
+
+    def function(self, function_id: bytes) -> Any:
+        """The exported function or class ``function_id``, fetched once and cached."""
+        function = self.rt.functions.get(function_id)
+        if function is None:
+            blob = self.rt.plane.fetch_function(function_id)
+            if blob is None:
+                raise RtmlError(f"function {function_id.hex()} is not in the control plane")
+            function = self.rt.functions[function_id] = cloudpickle.loads(blob)
+        return function
+
+    def _arg(self, arg: m.TaskArg) -> Any:
+        if arg.value is not None:
+            if arg.value.is_error:
+                raise _Failed(arg.value)
+            return from_payload(arg.value)
+        value = self.rt.read_shared(arg.object_id, b"", None)
+        if isinstance(value, StoredError):
+            raise _Failed(serialize(value).to_payload(is_error=True))
+        return value
+
+    def _returns(self, spec: m.TaskSpec, value: Any) -> list[m.ReturnObject]:
+        ids = return_ids(spec)
+        if spec.num_returns == 0:
+            return []
+        if spec.num_returns == 1:
+            values = [value]
+        elif isinstance(value, (tuple, list)) and len(value) == spec.num_returns:
+            values = list(value)
+        else:
+            got = len(value) if isinstance(value, (tuple, list)) else "a non-sequence"
+            raise ValueError(f"task {spec.name!r} has num_returns={spec.num_returns} but "
+                             f"returned {got} value(s); return a tuple of exactly "
+                             f"{spec.num_returns} values")
+        try:
+            sers = [serialize(v) for v in values]
+        except TypeError as exc:
+            raise TypeError(f"the return value of {spec.name!r} cannot be pickled: {exc}") from None
+        return [self._store_return(spec, oid, ser) for oid, ser in zip(ids, sers, strict=True)]
+
+    def _store_return(self, spec: m.TaskSpec, object_id: bytes, ser: Any) -> m.ReturnObject:
+        if ser.contained:
+            self.rt.nm.send(m.AddHolds([r.id for r in ser.contained], object_id))
+        if ser.size <= INLINE_MAX:
+            return m.ReturnObject(object_id, ser.to_payload(), ser.size)
+        size = self.rt.write_shared(object_id, ser, holder=spec.owner_id)
+        return m.ReturnObject(object_id, None, size)
+
+    def _exception_returns(self, spec: m.TaskSpec, exc: BaseException) -> list[m.ReturnObject]:
+        error = exc if isinstance(exc, TaskError) else self.rt.task_error(spec.name, exc)
+        return self._error_returns(spec, serialize(StoredError(error)).to_payload(True))
+
+    def _error_returns(self, spec: m.TaskSpec, payload: m.Payload) -> list[m.ReturnObject]:
+        return [m.ReturnObject(oid, payload, len(payload.data), True) for oid in return_ids(spec)]
+
+    def _result(self, spec: m.TaskSpec, returns: list[m.ReturnObject],
+                start: float) -> m.TaskResult:
+        return m.TaskResult(spec.task_id, returns, start, time.time(), os.getpid(),
+                            self.rt.node_id)
+
+    def _cancelled(self, spec: m.TaskSpec, start: float) -> m.TaskResult:
+        error = TaskCancelledError(f"task {spec.name!r} was cancelled")
+        payload = serialize(StoredError(error)).to_payload(True)
+        result = self._result(spec, self._error_returns(spec, payload), start)
+        result.cancelled = True
+        return result
+
+    # -- cancellation --------------------------------------------------------------------------
+
+    def cancel(self, task_id: bytes) -> None:
+        """Called on the I/O thread: interrupt ``task_id`` if running, else skip it later."""
+        self.cancelled.add(task_id)
+        if self.current == task_id:
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGUSR1)
+
+    def _on_cancel_signal(self, signum: int, frame: Any) -> None:
+        current = self.current
+        if current is not None and current in self.cancelled:
+            raise TaskCancelledError("task was cancelled")
+
+    # -- actors ------------------------------------------------------------------------------
+
+    def become_actor(self, spec: m.ActorSpec) -> str:
+        """Construct the actor; return the constructor's error text, or ''."""
+        self.actor = spec
+        context.set_actor(spec.actor_id)
+        for path in spec.sys_paths:
+            if path not in sys.path:
+                sys.path.insert(0, path)
+        try:
+            cls = self.function(spec.class_id)
+            values = [self._arg(arg) for arg in spec.args]
+            split = len(values) - len(spec.kwarg_names)
+            self.instance = cls(*values[:split], **dict(zip(spec.kwarg_names, values[split:],
+                                                             strict=True)))
+        except _Failed as failed:
+            return str(_error_text(failed.payload))
+        except Exception as exc:
+            return str(self.rt.task_error(f"{spec.class_name}.__init__", exc))
+        if spec.is_async:
+            self._start_loop(spec.max_concurrency)
+        elif spec.max_concurrency > 1:
+            self.pool = concurrent.futures.ThreadPoolExecutor(spec.max_concurrency,
+                                                              thread_name_prefix="rtml-actor")
+        return ""
+
+    def _start_loop(self, max_concurrency: int) -> None:
+        loop = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(loop)
+            self.semaphore = asyncio.Semaphore(max_concurrency)
+            ready.set()
+            loop.run_forever()
+
+        threading.Thread(target=run, name="rtml-actor-loop", daemon=True).start()
+        ready.wait()
+        self.loop = loop
+
+
+def return_ids(spec: m.TaskSpec) -> list[bytes]:
+    return [object_id_for(TaskID(spec.task_id), i + 1) for i in range(spec.num_returns)]
+
+
+def _error_text(payload: m.Payload) -> str:
+    value = deserialize(payload.data, payload.buffers)
+    return str(value.error if isinstance(value, StoredError) else value)

@@ -1,0 +1,60 @@
+"""The owner's memory: small values it owns, and callbacks waiting for values.
+
+An entry is an inline :class:`Payload` or ``IN_STORE`` (the value lives in the
+node's shared-memory store). Guarded by the runtime's lock; callbacks returned
+by :meth:`put` are run by the caller after releasing it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from rtml.rpc.messages import Payload
+
+
+class _InStore:
+    def __repr__(self) -> str:
+        return "IN_STORE"
+
+
+IN_STORE = _InStore()
+Entry = Payload | _InStore
+Callback = Callable[[bytes], Any]
+
+
+class StoredError:
+    """Wraps an exception stored as an object's value, so ``get`` raises it."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class MemoryStore:
+    def __init__(self) -> None:
+        self.entries: dict[bytes, Entry] = {}
+        self.promoted: set[bytes] = set()
+        self.has_contained: set[bytes] = set()
+        self._waiters: dict[bytes, list[Callback]] = {}
+
+    def put(self, object_id: bytes, entry: Entry) -> list[Callback]:
+        """Store a value; return the callbacks to run (outside the lock)."""
+        self.entries[object_id] = entry
+        return self._waiters.pop(object_id, [])
+
+    def get(self, object_id: bytes) -> Entry | None:
+        return self.entries.get(object_id)
+
+    def add_waiter(self, object_id: bytes, callback: Callback) -> None:
+        self._waiters.setdefault(object_id, []).append(callback)
+
+    def remove_waiter(self, object_id: bytes, callback: Callback) -> None:
+        waiters = self._waiters.get(object_id)
+        if waiters and callback in waiters:
+            waiters.remove(callback)
+            if not waiters:
+                del self._waiters[object_id]
+
+    def pop(self, object_id: bytes) -> Entry | None:
+        self.promoted.discard(object_id)
+        return self.entries.pop(object_id, None)

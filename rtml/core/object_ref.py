@@ -1,0 +1,76 @@
+"""``ObjectRef``: a future naming an object, counted so the object can be freed.
+
+Every live ``ObjectRef`` instance counts one reference in its process's
+runtime; when the count reaches zero the runtime frees the value (or releases
+its hold on the shared-memory copy). Pickling a ref records it as contained in
+the value being pickled; unpickling one in another process registers that
+process as a borrower.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Generator
+from typing import Any
+
+from rtml.core import serialization
+
+_counter: Any = None
+"""The runtime's reference counter (set by the runtime; None before ``init``)."""
+
+
+def set_counter(counter: Any) -> None:
+    global _counter
+    _counter = counter
+
+
+class ObjectRef:
+    """A reference to a value that exists now or will exist when its task ends."""
+
+    __slots__ = ("id", "owner", "_counted", "__weakref__")
+
+    def __init__(self, object_id: bytes, owner: bytes) -> None:
+        self.id = object_id
+        self.owner = owner
+        counter = _counter
+        self._counted = counter
+        if counter is not None:
+            counter.incref(object_id, owner)
+
+    def __del__(self) -> None:
+        counter = self._counted
+        if counter is not None and counter is _counter:
+            counter.decref(self.id, self.owner)
+
+    def hex(self) -> str:
+        return self.id.hex()
+
+    def __repr__(self) -> str:
+        return f"ObjectRef({self.id.hex()})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ObjectRef) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        serialization.note_contained(self)
+        if _counter is not None:
+            _counter.escaped(self)
+        return (_rebuild, (self.id, self.owner))
+
+    def future(self) -> concurrent.futures.Future[Any]:
+        """A ``concurrent.futures.Future`` resolved with this object's value."""
+        return _counter.future(self)
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return asyncio.wrap_future(self.future()).__await__()
+
+
+def _rebuild(object_id: bytes, owner: bytes) -> ObjectRef:
+    ref = ObjectRef(object_id, owner)
+    if _counter is not None:
+        _counter.borrowed(ref)
+    return ref

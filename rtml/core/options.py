@@ -1,0 +1,50 @@
+"""Validation of ``.options(...)`` for tasks and actors, with messages that say the fix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+TASK_OPTIONS = {"num_cpus", "num_gpus", "memory", "resources", "num_returns", "max_retries",
+                "retry_exceptions", "name", "scheduling_strategy"}
+ACTOR_OPTIONS = {"num_cpus", "num_gpus", "memory", "resources", "name", "namespace",
+                 "lifetime", "get_if_exists", "max_restarts", "max_task_retries",
+                 "max_concurrency", "scheduling_strategy"}
+METHOD_OPTIONS = {"num_returns", "name"}
+
+
+class NodeAffinitySchedulingStrategy:
+    """Run on ``node_id`` (hex); if ``soft``, anywhere when that node cannot."""
+
+    def __init__(self, node_id: str, soft: bool) -> None:
+        self.node_id = node_id
+        self.soft = soft
+
+
+def check_options(options: dict[str, Any], allowed: set[str], what: str) -> dict[str, Any]:
+    """Reject unknown or ill-typed options. Raises ValueError or TypeError."""
+    unknown = set(options) - allowed
+    if unknown:
+        raise ValueError(f"unknown option(s) {sorted(unknown)} for {what}; "
+                         f"valid options are {sorted(allowed)}")
+    for name in ("num_cpus", "num_gpus", "memory"):
+        value = options.get(name)
+        if value is not None and (not isinstance(value, (int, float)) or value < 0):
+            raise ValueError(f"{name} must be a non-negative number, got {value!r}")
+    num_returns = options.get("num_returns")
+    if num_returns is not None and (not isinstance(num_returns, int) or num_returns < 0):
+        raise ValueError(f"num_returns must be an int >= 0, got {num_returns!r}")
+    retries = options.get("max_retries")
+    if retries is not None and (not isinstance(retries, int) or retries < -1):
+        raise ValueError(f"max_retries must be an int >= -1 (-1: forever), got {retries!r}")
+    resources = options.get("resources")
+    if resources is not None and not isinstance(resources, dict):
+        raise TypeError(f"resources must be a dict of name -> amount, got {resources!r}")
+    strategy = options.get("scheduling_strategy")
+    if strategy is not None and strategy not in ("DEFAULT", "SPREAD") and not isinstance(
+            strategy, NodeAffinitySchedulingStrategy):
+        raise ValueError(f"scheduling_strategy must be 'DEFAULT', 'SPREAD' or a "
+                         f"NodeAffinitySchedulingStrategy, got {strategy!r}")
+    lifetime = options.get("lifetime")
+    if lifetime not in (None, "detached", "non_detached"):
+        raise ValueError(f"lifetime must be 'detached' or None, got {lifetime!r}")
+    return options

@@ -1,0 +1,83 @@
+"""``@rtml.remote`` on a function: a RemoteFunction whose ``.remote()`` submits a task."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import cloudpickle
+
+from rtml.core import context
+from rtml.core.arguments import build_args
+from rtml.core.object_ref import ObjectRef
+from rtml.core.options import TASK_OPTIONS, check_options
+from rtml.core.submitter import TaskRecord
+from rtml.ids import new_task_id, object_id_for
+from rtml.rpc import messages as m
+from rtml.scheduler.resources import task_shape
+
+
+class RemoteFunction:
+    """A function that runs as a task on the cluster."""
+
+    def __init__(self, function: Any, options: dict[str, Any]) -> None:
+        self._function = function
+        self._options = check_options(dict(options), TASK_OPTIONS, "a remote function")
+        self._name = getattr(function, "__qualname__", repr(function))
+        self._blob: bytes | None = None
+        self._function_id = b""
+        self.__doc__ = function.__doc__
+        self.__name__ = getattr(function, "__name__", self._name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(f"remote function {self._name!r} cannot be called directly; "
+                        f"use {self.__name__}.remote(...) to run it as a task "
+                        f"(and rtml.get(...) for its result)")
+
+    def options(self, **options: Any) -> _Bound:
+        check_options(options, TASK_OPTIONS, f"remote function {self._name!r}")
+        return _Bound(self, {**self._options, **options})
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        return self._submit(self._options, args, kwargs)
+
+    def _export(self, rt: Any) -> bytes:
+        if self._blob is None:
+            self._blob = cloudpickle.dumps(self._function)
+            self._function_id = hashlib.sha1(self._blob).digest()
+        rt.export_function(self._function_id, self._blob)
+        return self._function_id
+
+    def _submit(self, options: dict[str, Any], args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> Any:
+        rt = context.require_runtime()
+        function_id = self._export(rt)
+        num_returns = options.get("num_returns", 1)
+        shape = task_shape(options.get("num_cpus"), options.get("num_gpus"),
+                           options.get("memory"), options.get("resources"))
+        built = build_args(rt, args, kwargs)
+        task_id = new_task_id()
+        return_ids = [object_id_for(task_id, i + 1) for i in range(num_returns)]
+        spec = m.TaskSpec(task_id, rt.job_id, options.get("name") or self._name, function_id,
+                          built.args, built.kwarg_names, num_returns, rt.client_id)
+        record = TaskRecord(spec, shape, options.get("max_retries", 3),
+                            options.get("retry_exceptions", False), built.keep_alive,
+                            return_ids, has_contained=bool(built.contained))
+        if built.contained:
+            rt.nm.send(m.AddHolds(built.contained, task_id))
+        refs = [ObjectRef(oid, rt.client_id) for oid in return_ids]
+        rt.submit(record, built.pending, built.error)
+        if num_returns == 1:
+            return refs[0]
+        return refs if num_returns > 1 else None
+
+
+class _Bound:
+    """A RemoteFunction with per-call options."""
+
+    def __init__(self, function: RemoteFunction, options: dict[str, Any]) -> None:
+        self._function = function
+        self._opts = options
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        return self._function._submit(self._opts, args, kwargs)

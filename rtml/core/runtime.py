@@ -1,0 +1,581 @@
+"""The client runtime inside every driver and worker process.
+
+    user thread                         reactor thread
+    -----------                         --------------
+    f.remote() -> submitter.enqueue --> PushTask written straight to the leased worker
+    get(ref) -> wait on an Event    <-- TaskResult -> memory store -> Event.set()
+    put(big) -> shm segment + SealObject --> node manager
+    ObjectRef.__del__ -> refops deque --> _process_refops -> Release* to node manager
+
+It owns the objects this process creates: small ones in its memory store,
+large ones (and any that escape into another process) in the node's
+shared-memory store, held there until no reference remains.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import logging
+import os
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rtml import objectstore
+from rtml.config import INLINE_MAX
+from rtml.control_plane import BatchedWriter, ControlPlane
+from rtml.core import object_ref
+from rtml.core.actors import ActorCaller
+from rtml.core.memory_store import IN_STORE, Entry, MemoryStore, StoredError
+from rtml.core.object_ref import ObjectRef
+from rtml.core.serialization import Serialized, deserialize, from_payload, serialize
+from rtml.core.submitter import TaskRecord, TaskSubmitter
+from rtml.exceptions import (
+    GetTimeoutError,
+    ObjectLostError,
+    RtmlSystemError,
+    TaskCancelledError,
+    TaskError,
+)
+from rtml.ids import new_task_id, object_id_for, random_id, task_of
+from rtml.rpc import messages as m
+from rtml.rpc.reactor import Connection, Reactor, make_hello, open_connection
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """How a driver or worker reaches its cluster."""
+
+    role: str  # "driver" | "worker"
+    token: str
+    nm_address: str
+    head_address: str
+    session_dir: str
+    job_id: bytes = b""
+    client_id: bytes = field(default_factory=lambda: random_id())
+    namespace: str = ""
+    sys_paths: tuple[str, ...] = ()
+
+
+class ClientRuntime:
+    """Connections, owned objects, reference counts and task submission of one process."""
+
+    def __init__(self, config: ClientConfig) -> None:
+        self.config = config
+        self.role = config.role
+        self.token = config.token
+        self.client_id = config.client_id
+        self.job_id = config.job_id
+        self.session_dir = config.session_dir
+        self.sys_paths = list(config.sys_paths)
+        self.lock = threading.RLock()
+        self.store = MemoryStore()
+        self.submitter = TaskSubmitter(self)
+        self.reactor = Reactor(f"rtml-{config.role}-io")
+        self._req_ids = itertools.count(1)
+        self._replies: dict[int, Callable[[Any], None]] = {}
+        self._refops: deque[tuple[bytes, int]] = deque()
+        self._refops_scheduled = False
+        self._ref_lock = threading.Lock()
+        self._counts: dict[bytes, int] = {}
+        self._borrowed: set[bytes] = set()
+        self._escaped_pending: set[bytes] = set()
+        self._exported: set[bytes] = set()
+        self.functions: dict[bytes, Any] = {}
+        self.actor_callers: dict[bytes, Any] = {}
+        self.blocked_hook: Callable[[bool], None] | None = None
+        self.current_task_name = "driver"
+        self.closed = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def connect(self) -> None:
+        """Start the reactor and connect to the node manager and the head service."""
+        self.reactor.start()
+        hello = make_hello(self.token, self.role, self.client_id, self.job_id, self.sys_paths)
+        self.nm, reply = open_connection(self.reactor, self.config.nm_address, hello,
+                                         self._on_nm_message, self._on_nm_closed)
+        self.node_id: bytes = reply.node_id
+        self.store_namespace = reply.info["store_namespace"]
+        self.head, head_reply = open_connection(self.reactor, self.config.head_address, hello,
+                                                self._on_head_message, self._on_head_closed)
+        info = head_reply.info
+        self.plane = ControlPlane(info["redis_host"], int(info["redis_port"]), self.token)
+        self.writer = BatchedWriter(self.plane)
+        object_ref.set_counter(self)
+
+    def close(self) -> None:
+        """Drop connections; owned objects die with the connection to the node manager."""
+        if self.closed:
+            return
+        self.closed = True
+        object_ref.set_counter(None)
+        for caller in list(self.actor_callers.values()):
+            caller.shutdown()
+        self.submitter.shutdown()
+        self.writer.close()
+        self.plane.close()
+        self.reactor.stop()
+        self.reactor.close()
+
+    def next_request_id(self) -> int:
+        return next(self._req_ids)
+
+    def request(self, conn: Connection, make: Callable[[int], m.Msg],
+                timeout: float | None = 30.0) -> Any:
+        """Send a request built with a fresh req_id and block for its reply."""
+        done = threading.Event()
+        box: list[Any] = []
+        req_id = self.next_request_id()
+
+        def reply(msg: Any) -> None:
+            box.append(msg)
+            done.set()
+
+        self._replies[req_id] = reply
+        conn.send(make(req_id))
+        if not done.wait(timeout):
+            self._replies.pop(req_id, None)
+            raise GetTimeoutError(f"no reply from {conn.name} within {timeout} s")
+        return box[0]
+
+    def _deliver_reply(self, req_id: int, msg: Any) -> None:
+        callback = self._replies.pop(req_id, None)
+        if callback is not None:
+            callback(msg)
+
+    # -- node manager and head messages (reactor thread) -------------------------------------
+
+    def _on_nm_message(self, conn: Connection, msg: Any) -> None:
+        if isinstance(msg, m.LeaseGranted):
+            self.submitter.on_lease_granted(msg)
+        elif isinstance(msg, (m.ObjectAvailable, m.StoreStatsReply)):
+            self._deliver_reply(msg.req_id, msg)
+        elif isinstance(msg, m.LeaseFailed):
+            self.submitter.on_lease_failed(msg)
+        elif self.nm_extra_handler is not None:
+            self.nm_extra_handler(msg)
+
+    nm_extra_handler: Callable[[Any], None] | None = None
+
+    def _on_nm_closed(self, conn: Connection, reason: str) -> None:
+        if not self.closed:
+            log.error("lost the node manager (%s)", reason)
+            if self.role == "worker":
+                os._exit(1)
+
+    def _on_head_message(self, conn: Connection, msg: Any) -> None:
+        if isinstance(msg, (m.ActorInfo, m.ClusterInfo)):
+            self._deliver_reply(msg.req_id, msg)
+
+    def _on_head_closed(self, conn: Connection, reason: str) -> None:
+        if not self.closed:
+            log.error("lost the head service (%s)", reason)
+
+    # -- reference counting (ObjectRef hooks) ------------------------------------------------
+
+    def incref(self, object_id: bytes, owner: bytes) -> None:
+        self._refops.append((object_id, 1))
+
+    def decref(self, object_id: bytes, owner: bytes) -> None:
+        self._refops.append((object_id, -1))
+        if not self._refops_scheduled:
+            self._refops_scheduled = True
+            self.reactor.call_soon(self.process_refops)
+
+    def borrowed(self, ref: ObjectRef) -> None:
+        """An ObjectRef was unpickled here: hold its object while we reference it."""
+        self._refops.append((ref.id, 0))
+        self.process_refops()
+
+    def escaped(self, ref: ObjectRef) -> None:
+        """An owned ref is being pickled for another process: its value must be shared."""
+        if ref.owner != self.client_id:
+            return
+        with self.lock:
+            entry = self.store.get(ref.id)
+            if entry is None:
+                self._escaped_pending.add(ref.id)
+            elif entry is not IN_STORE and ref.id not in self.store.promoted:
+                self._promote(ref.id, entry)
+
+    def process_refops(self) -> None:
+        """Apply queued reference-count changes; send holds and releases."""
+        self._refops_scheduled = False
+        releases: list[bytes] = []
+        adds: list[bytes] = []
+        holders: list[bytes] = []
+        with self._ref_lock:
+            ops = self._refops
+            while ops:
+                object_id, delta = ops.popleft()
+                if delta == 0:
+                    if object_id not in self._borrowed and not self._owns(object_id):
+                        self._borrowed.add(object_id)
+                        adds.append(object_id)
+                    continue
+                count = self._counts.get(object_id, 0) + delta
+                if count > 0:
+                    self._counts[object_id] = count
+                    continue
+                self._counts.pop(object_id, None)
+                self._free(object_id, releases, holders)
+        if adds:
+            self.nm.send(m.AddHolds(adds, self.client_id))
+        if releases:
+            self.nm.send(m.ReleaseHolds(releases, self.client_id))
+        for holder in holders:
+            self.nm.send(m.ReleaseHolder(holder))
+
+    def _owns(self, object_id: bytes) -> bool:
+        return (object_id in self.store.entries
+                or task_of(object_id) in self.submitter.records)
+
+    def _free(self, object_id: bytes, releases: list[bytes], holders: list[bytes]) -> None:
+        if object_id in self._borrowed:
+            self._borrowed.discard(object_id)
+            releases.append(object_id)
+            return
+        with self.lock:
+            promoted = object_id in self.store.promoted
+            entry = self.store.pop(object_id)
+            self._escaped_pending.discard(object_id)
+            contained = object_id in self.store.has_contained
+            self.store.has_contained.discard(object_id)
+        if entry is IN_STORE or promoted:
+            releases.append(object_id)
+        elif contained:
+            holders.append(object_id)
+
+    # -- objects -------------------------------------------------------------------------------
+
+    def put(self, value: Any) -> ObjectRef:
+        """Store ``value`` and return its ref. Raises TypeError if it cannot be pickled."""
+        if isinstance(value, ObjectRef):
+            raise TypeError("put() of an ObjectRef is not allowed; pass the ref itself")
+        return self.put_serialized(serialize(value))
+
+    def put_serialized(self, ser: Serialized) -> ObjectRef:
+        """Store an already-serialized value as a new owned object."""
+        object_id = object_id_for(new_task_id(), 0)
+        self._store_value(object_id, ser, is_error=False)
+        return ObjectRef(object_id, self.client_id)
+
+    def _store_value(self, object_id: bytes, ser: Serialized, is_error: bool) -> None:
+        """Keep a value this process owns: inline if small, else in shared memory."""
+        self._hold_contained(object_id, ser)
+        if ser.size <= INLINE_MAX:
+            callbacks = self._set_entry(object_id, ser.to_payload(is_error))
+        else:
+            self.write_shared(object_id, ser, holder=self.client_id)
+            callbacks = self._set_entry(object_id, IN_STORE)
+        for callback in callbacks:
+            callback(object_id)
+
+    def _hold_contained(self, container_id: bytes, ser: Serialized) -> None:
+        if ser.contained:
+            self.nm.send(m.AddHolds([r.id for r in ser.contained], container_id))
+            with self.lock:
+                self.store.has_contained.add(container_id)
+
+    def write_shared(self, object_id: bytes, ser: Serialized, holder: bytes) -> int:
+        """Write a value into this node's shared-memory store on behalf of ``holder``."""
+        path = objectstore.segment_path(self.store_namespace, object_id)
+        size = objectstore.write_segment(path, ser.inband, ser.buffers)
+        self.nm.send(m.SealObject(object_id, size, holder))
+        return size
+
+    def _set_entry(self, object_id: bytes, entry: Entry) -> list[Callable[[bytes], Any]]:
+        with self.lock:
+            callbacks = self.store.put(object_id, entry)
+            escaped = object_id in self._escaped_pending
+            if escaped:
+                self._escaped_pending.discard(object_id)
+                if entry is not IN_STORE:
+                    self._promote(object_id, entry)
+        return callbacks
+
+    def _promote(self, object_id: bytes, payload: Any) -> None:
+        """Copy an inline value into shared memory so other processes can read it."""
+        path = objectstore.segment_path(self.store_namespace, object_id)
+        try:
+            size = objectstore.write_segment(path, payload.data, payload.buffers)
+        except FileExistsError:
+            return
+        self.store.promoted.add(object_id)
+        self.nm.send(m.SealObject(object_id, size, self.client_id))
+
+    def get(self, refs: list[ObjectRef], timeout: float | None) -> list[Any]:
+        """Values of ``refs`` in order. Raises the stored error, or GetTimeoutError."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._wait_owned([r for r in refs if r.owner == self.client_id], deadline)
+        return [self._value(r, deadline) for r in refs]
+
+    def _wait_owned(self, refs: list[ObjectRef], deadline: float | None) -> None:
+        with self.lock:
+            missing = [r.id for r in refs if r.id not in self.store.entries
+                       and task_of(r.id) in self.submitter.records]
+            if not missing:
+                return
+            remaining = [len(missing)]
+            done = threading.Event()
+
+            def arrived(_: bytes) -> None:
+                remaining[0] -= 1
+                if remaining[0] == 0:
+                    done.set()
+
+            for object_id in missing:
+                self.store.add_waiter(object_id, arrived)
+        self._block(done, deadline, missing)
+
+    def _block(self, done: threading.Event, deadline: float | None, ids: list[bytes]) -> None:
+        if done.is_set():
+            return
+        hook = self.blocked_hook
+        if hook is not None:
+            hook(True)
+        try:
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not done.wait(timeout):
+                raise GetTimeoutError(
+                    f"get timed out after waiting for {len(ids)} object(s), e.g. "
+                    f"{ids[0].hex()}; the task may still be running")
+        finally:
+            if hook is not None:
+                hook(False)
+
+    def _value(self, ref: ObjectRef, deadline: float | None) -> Any:
+        entry = self.store.get(ref.id)
+        if entry is not None and entry is not IN_STORE:
+            value = from_payload(entry)
+        else:
+            value = self.read_shared(ref.id, ref.owner, deadline)
+        if isinstance(value, StoredError):
+            raise value.error
+        return value
+
+    def read_shared(self, object_id: bytes, owner: bytes, deadline: float | None) -> Any:
+        """Map an object from shared memory (zero-copy), restoring or awaiting it."""
+        path = objectstore.segment_path(self.store_namespace, object_id)
+        try:
+            inband, buffers = objectstore.read_segment(path)
+        except FileNotFoundError:
+            self.await_shared(object_id, owner, deadline)
+            inband, buffers = objectstore.read_segment(path)
+        return deserialize(inband, buffers)
+
+    def await_shared(self, object_id: bytes, owner: bytes, deadline: float | None) -> None:
+        """Ask the node manager to make an object present; block until it is."""
+        done = threading.Event()
+        box: list[m.ObjectAvailable] = []
+        req_id = self.next_request_id()
+
+        def reply(msg: m.ObjectAvailable) -> None:
+            box.append(msg)
+            done.set()
+
+        self._replies[req_id] = reply
+        self.nm.send(m.WaitObject(req_id, object_id, owner))
+        try:
+            self._block(done, deadline, [object_id])
+        except GetTimeoutError:
+            self._replies.pop(req_id, None)
+            raise
+        if box[0].error:
+            raise ObjectLostError(f"object {object_id.hex()} is lost: {box[0].error}")
+
+    def ready_now(self, ref: ObjectRef) -> bool:
+        if ref.id in self.store.entries:
+            return True
+        if ref.owner == self.client_id and task_of(ref.id) in self.submitter.records:
+            return False
+        return os.path.exists(objectstore.segment_path(self.store_namespace, ref.id))
+
+    def on_ready(self, ref: ObjectRef, callback: Callable[[bytes], Any]) -> Callable[[], None]:
+        """Call ``callback(id)`` once ``ref`` is ready; returns a canceller."""
+        with self.lock:
+            if self.ready_now(ref):
+                callback(ref.id)
+                return lambda: None
+            if ref.owner == self.client_id and task_of(ref.id) in self.submitter.records:
+                self.store.add_waiter(ref.id, callback)
+                return lambda: self.store.remove_waiter(ref.id, callback)
+        req_id = self.next_request_id()
+        self._replies[req_id] = lambda msg: callback(ref.id)
+        self.nm.send(m.WaitObject(req_id, ref.id, ref.owner))
+        return lambda: self._replies.pop(req_id, None)
+
+    def future(self, ref: ObjectRef) -> concurrent.futures.Future[Any]:
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def resolve() -> None:
+            try:
+                fut.set_result(self.get([ref], None)[0])
+            except BaseException as exc:
+                fut.set_exception(exc)
+
+        self.on_ready(ref, lambda _: threading.Thread(target=resolve, daemon=True).start())
+        return fut
+
+    # -- tasks -------------------------------------------------------------------------------
+
+    def export_function(self, function_id: bytes, blob: bytes) -> None:
+        if function_id not in self._exported:
+            self.plane.export_function(function_id, blob)
+            self._exported.add(function_id)
+
+    def submit(self, record: TaskRecord, pending: list[tuple[int, ObjectRef]],
+               error: m.Payload | None = None) -> None:
+        """Track a task; queue it once its ``pending`` owned arguments are ready.
+
+        ``error``: an argument already failed, so the task fails with that error.
+        """
+        spec = record.spec
+        with self.lock:
+            self.submitter.records[spec.task_id] = record
+            record.deps = len(pending)
+            if error is None:
+                for index, ref in pending:
+                    self.store.add_waiter(ref.id, self._dep_ready(record, index, ref))
+                if spec.actor_id:
+                    self.caller(spec.actor_id, record.max_retries).call(record)
+                elif not record.deps:
+                    self.submitter.enqueue(record)
+        if error is not None:
+            self.fail_task(record, payload=error)
+            return
+        self.writer.submit_task({"task_id": spec.task_id, "name": spec.name,
+                                 "job_id": spec.job_id, "owner_id": self.client_id,
+                                 "function_id": spec.function_id, "status": "PENDING",
+                                 "submit_ts": time.time(), "attempt": 0})
+
+    def _dep_ready(self, record: TaskRecord, index: int,
+                   ref: ObjectRef) -> Callable[[bytes], None]:
+        def ready(_: bytes) -> None:
+            with self.lock:
+                if record.done:
+                    return
+                entry = self.store.get(ref.id)
+                if isinstance(entry, m.Payload) and entry.is_error:
+                    error = entry
+                else:
+                    error = None
+                    record.spec.args[index] = resolved_arg(ref, entry)
+                    record.deps -= 1
+                    if record.spec.actor_id:
+                        self.caller(record.spec.actor_id, record.max_retries).flush()
+                    elif record.deps == 0 and not record.cancelled:
+                        self.submitter.enqueue(record)
+            if error is not None:
+                self.fail_task(record, payload=error)
+        return ready
+
+    def should_retry_exception(self, record: TaskRecord, msg: m.TaskResult) -> bool:
+        if not record.retry_exceptions or msg.cancelled:
+            return False
+        if not msg.returns or not msg.returns[0].is_error:
+            return False
+        if record.max_retries >= 0 and record.spec.attempt >= record.max_retries:
+            return False
+        if record.retry_exceptions is True:
+            return True
+        error = self._error_of(msg.returns[0])
+        cause = getattr(error, "cause", error)
+        return isinstance(cause, tuple(record.retry_exceptions))
+
+    def _error_of(self, ret: m.ReturnObject) -> BaseException | None:
+        value = (from_payload(ret.value) if ret.value is not None
+                 else self.read_shared(ret.object_id, self.client_id, None))
+        return value.error if isinstance(value, StoredError) else None
+
+    def complete_task(self, record: TaskRecord, msg: m.TaskResult) -> None:
+        if record.cancelled:
+            self.fail_task(record, TaskCancelledError(
+                f"task {record.spec.name!r} was cancelled"))
+            return
+        callbacks: list[tuple[Callable[[bytes], Any], bytes]] = []
+        for ret in msg.returns:
+            entry: Entry = ret.value if ret.value is not None else IN_STORE
+            callbacks += [(cb, ret.object_id) for cb in self._set_entry(ret.object_id, entry)]
+        self._finish(record, "FAILED" if msg.returns and msg.returns[0].is_error else "FINISHED",
+                     {"start_ts": msg.start_ts, "end_ts": msg.end_ts,
+                      "worker_pid": msg.worker_pid, "node_id": msg.node_id})
+        for callback, object_id in callbacks:
+            callback(object_id)
+
+    def fail_task(self, record: TaskRecord, error: BaseException | None = None,
+                  payload: m.Payload | None = None) -> None:
+        """Set every return of ``record`` to ``error`` (or an already-stored error)."""
+        if payload is None:
+            payload = serialize(StoredError(error)).to_payload(is_error=True)
+        callbacks: list[tuple[Callable[[bytes], Any], bytes]] = []
+        for object_id in record.return_ids:
+            callbacks += [(cb, object_id) for cb in self._set_entry(object_id, payload)]
+        self._finish(record, "FAILED", {"error": repr(error) if error else "dependency failed"})
+        for callback, object_id in callbacks:
+            callback(object_id)
+
+    def _finish(self, record: TaskRecord, status: str, fields: dict[str, Any]) -> None:
+        with self.lock:
+            if record.done:
+                return
+            record.done = True
+            self.submitter.records.pop(record.spec.task_id, None)
+            record.keep_alive.clear()
+        if record.has_contained:
+            self.nm.send(m.ReleaseHolder(record.spec.task_id))
+        self.writer.submit_task({"task_id": record.spec.task_id, "status": status,
+                                 "attempt": record.spec.attempt, **fields})
+        self.process_refops()
+        self._free_unreferenced(record.return_ids)
+
+    def _free_unreferenced(self, object_ids: list[bytes]) -> None:
+        """Free results whose refs were all dropped before the task finished."""
+        releases: list[bytes] = []
+        holders: list[bytes] = []
+        with self._ref_lock:
+            for object_id in object_ids:
+                if object_id not in self._counts:
+                    self._free(object_id, releases, holders)
+        if releases:
+            self.nm.send(m.ReleaseHolds(releases, self.client_id))
+        for holder in holders:
+            self.nm.send(m.ReleaseHolder(holder))
+
+    def caller(self, actor_id: bytes, max_task_retries: int) -> ActorCaller:
+        """This process's channel to ``actor_id`` (made on first use)."""
+        caller = self.actor_callers.get(actor_id)
+        if caller is None:
+            caller = self.actor_callers[actor_id] = ActorCaller(self, actor_id, max_task_retries)
+        return caller
+
+    def cancel(self, ref: ObjectRef, force: bool) -> None:
+        with self.lock:
+            record = self.submitter.records.get(task_of(ref.id))
+            if record is None or record.done:
+                return
+            failed_here = self.submitter.cancel(record, force)
+        if failed_here:
+            self.fail_task(record, TaskCancelledError(f"task {record.spec.name!r} was cancelled"))
+
+    def make_system_error(self, reason: str, name: str) -> RtmlSystemError:
+        return RtmlSystemError(f"task {name!r} could not be scheduled: {reason}")
+
+    def task_error(self, name: str, exc: BaseException) -> TaskError:
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        return TaskError(name, text, exc, os.getpid(), self.node_id.hex()).as_instanceof_cause()
+
+
+def resolved_arg(ref: ObjectRef, entry: Entry | None) -> m.TaskArg:
+    """An argument for a ready owned ref: its inline value, or its id to read from the store."""
+    if isinstance(entry, m.Payload):
+        return m.TaskArg(value=entry)
+    return m.TaskArg(object_id=ref.id)

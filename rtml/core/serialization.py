@@ -1,0 +1,116 @@
+"""Turning values into bytes and back, with out-of-band buffers kept zero-copy.
+
+    value --cloudpickle(protocol 5)--> in-band bytes + [PickleBuffer...] + contained refs
+    pyarrow Table/RecordBatch -------> Arrow IPC stream as the single buffer
+
+Small results become an inline :class:`Payload`; large ones are written into a
+shared-memory segment whose buffers are later mapped read-only by readers.
+While a value is pickled, every ``ObjectRef`` inside it is recorded so the
+runtime can keep those objects alive for as long as the container lives.
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import cloudpickle
+
+from rtml.rpc.messages import Payload
+
+_tls = threading.local()
+
+
+@dataclass
+class Serialized:
+    inband: bytes
+    buffers: list[pickle.PickleBuffer | memoryview] = field(default_factory=list)
+    contained: list[Any] = field(default_factory=list)  # ObjectRefs found inside
+
+    @property
+    def size(self) -> int:
+        return len(self.inband) + sum(_nbytes(b) for b in self.buffers)
+
+    def to_payload(self, is_error: bool = False) -> Payload:
+        return Payload(self.inband, [bytes(_raw(b)) for b in self.buffers], is_error)
+
+
+def _raw(buf: pickle.PickleBuffer | memoryview) -> memoryview:
+    return buf.raw() if isinstance(buf, pickle.PickleBuffer) else buf.cast("B")
+
+
+def _nbytes(buf: pickle.PickleBuffer | memoryview) -> int:
+    return _raw(buf).nbytes
+
+
+class _ArrowData:
+    """Stands in the pickle for an Arrow table whose IPC stream is buffer 0."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+
+def serialize(value: Any) -> Serialized:
+    """Pickle ``value``; raises TypeError naming what could not be pickled."""
+    arrow = _arrow_ipc(value)
+    if arrow is not None:
+        return arrow
+    buffers: list[pickle.PickleBuffer | memoryview] = []
+    contained: list[Any] = []
+    outer = getattr(_tls, "contained", None)
+    _tls.contained = contained
+    try:
+        inband = cloudpickle.dumps(value, protocol=5, buffer_callback=buffers.append)
+    except Exception as exc:
+        raise TypeError(f"could not serialize {_describe(value)}: {exc}") from exc
+    finally:
+        _tls.contained = outer
+    return Serialized(inband, buffers, contained)
+
+
+def note_contained(ref: Any) -> None:
+    """Called by ObjectRef.__reduce__: record a ref being pickled into a value."""
+    contained = getattr(_tls, "contained", None)
+    if contained is not None:
+        contained.append(ref)
+
+
+def deserialize(inband: bytes | memoryview, buffers: list[Any]) -> Any:
+    """Inverse of :func:`serialize`; buffers may be read-only shared memory."""
+    value = pickle.loads(inband, buffers=buffers)
+    if isinstance(value, _ArrowData):
+        import pyarrow as pa
+        reader = pa.ipc.open_stream(pa.py_buffer(buffers[0]))
+        return reader.read_all() if value.kind == "table" else reader.read_next_batch()
+    return value
+
+
+def from_payload(payload: Payload) -> Any:
+    return deserialize(payload.data, payload.buffers)
+
+
+def _arrow_ipc(value: Any) -> Serialized | None:
+    module = type(value).__module__
+    if not module.startswith("pyarrow"):
+        return None
+    import pyarrow as pa
+    if isinstance(value, pa.Table):
+        kind = "table"
+    elif isinstance(value, pa.RecordBatch):
+        kind = "batch"
+    else:
+        return None
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, value.schema) as writer:
+        writer.write(value)
+    ipc = sink.getvalue()
+    return Serialized(pickle.dumps(_ArrowData(kind), protocol=5), [memoryview(ipc)])
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    if len(text) > 80:
+        text = text[:77] + "..."
+    return f"{type(value).__name__} {text}"

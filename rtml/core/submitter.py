@@ -1,0 +1,250 @@
+"""The owner's task submitter: resolve arguments, lease workers, push tasks.
+
+    f.remote() -> TaskRecord --deps ready--> queue[shape]
+                                                | idle leased worker?  yes -> PushTask (direct write)
+                                                | no -> RequestLease to the node manager
+    LeaseGranted -> connect to the worker ------+
+    TaskResult   -> store returns, wake getters, push the next queued task
+    worker gone  -> retry in-flight tasks (max_retries) or fail them
+
+Leases are kept while tasks of their shape keep coming and handed back after
+``LEASE_IDLE_TIMEOUT`` idle. Short tasks are pipelined (several in flight per
+worker); long ones are not, so they spread over every leased worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from rtml.config import LEASE_IDLE_TIMEOUT
+from rtml.exceptions import TaskCancelledError, WorkerCrashedError
+from rtml.rpc import messages as m
+from rtml.rpc.reactor import Connection, make_hello, open_connection
+from rtml.scheduler.resources import Shape, shape_key
+
+if TYPE_CHECKING:
+    from rtml.core.runtime import ClientRuntime
+
+log = logging.getLogger(__name__)
+
+PIPELINE_DEPTH = 16
+SHORT_TASK_SECONDS = 0.002
+MAX_LEASE_REQUESTS = 8
+
+
+@dataclass
+class TaskRecord:
+    spec: m.TaskSpec
+    shape: Shape
+    max_retries: int
+    retry_exceptions: Any
+    keep_alive: list[Any]  # ObjectRefs the arguments need until the task ends
+    return_ids: list[bytes]
+    has_contained: bool = False
+    deps: int = 0
+    cancelled: bool = False
+    worker: LeasedWorker | None = None
+    done: bool = False
+
+
+@dataclass(eq=False)
+class LeasedWorker:
+    conn: Connection
+    lease_id: int
+    worker_id: bytes
+    key: tuple[Any, ...]
+    inflight: dict[bytes, TaskRecord] = field(default_factory=dict)
+    idle_since: float = 0.0
+    timer_armed: bool = False
+
+
+@dataclass
+class ShapeQueue:
+    shape: Shape
+    tasks: deque[TaskRecord] = field(default_factory=deque)
+    workers: list[LeasedWorker] = field(default_factory=list)
+    lease_requests: set[int] = field(default_factory=set)
+    avg_seconds: float = 1.0
+
+
+class TaskSubmitter:
+    def __init__(self, runtime: ClientRuntime) -> None:
+        self.rt = runtime
+        self.queues: dict[tuple[Any, ...], ShapeQueue] = {}
+        self.records: dict[bytes, TaskRecord] = {}
+        self._lease_keys: dict[int, tuple[Any, ...]] = {}
+
+    # -- submission (user thread, under the runtime lock) ------------------------------------
+
+    def enqueue(self, record: TaskRecord) -> None:
+        """Queue a task whose arguments are resolved and push what can go now."""
+        key = shape_key(record.shape)
+        queue = self.queues.get(key)
+        if queue is None:
+            queue = self.queues[key] = ShapeQueue(record.shape)
+        queue.tasks.append(record)
+        self._pump(key, queue)
+
+    def _pump(self, key: tuple[Any, ...], queue: ShapeQueue) -> None:
+        depth = PIPELINE_DEPTH if queue.avg_seconds < SHORT_TASK_SECONDS else 1
+        tasks = queue.tasks
+        while tasks:
+            worker = min(queue.workers, key=_load, default=None)
+            if worker is None or len(worker.inflight) >= depth:
+                break
+            self._push(worker, tasks.popleft())
+        wanted = min(len(tasks), MAX_LEASE_REQUESTS) - len(queue.lease_requests)
+        for _ in range(max(0, wanted)):
+            req_id = self.rt.next_request_id()
+            queue.lease_requests.add(req_id)
+            self._lease_keys[req_id] = key
+            self.rt.nm.send(m.RequestLease(req_id, queue.shape))
+
+    def _push(self, worker: LeasedWorker, record: TaskRecord) -> None:
+        record.worker = worker
+        worker.inflight[record.spec.task_id] = record
+        worker.conn.send(m.PushTask(record.spec))
+
+    # -- leases (reactor thread) -------------------------------------------------------------
+
+    def on_lease_granted(self, msg: m.LeaseGranted) -> None:
+        key = self._lease_keys.pop(msg.req_id, None)
+        queue = self.queues.get(key) if key is not None else None
+        if queue is not None:
+            queue.lease_requests.discard(msg.req_id)
+        if queue is None or not queue.tasks:
+            self.rt.nm.send(m.ReturnLease(msg.lease_id))
+            return
+        try:
+            conn = self._connect(msg.address)
+        except Exception as exc:  # the worker died between grant and connect
+            log.warning("leased worker at %s unreachable: %s", msg.address, exc)
+            self.rt.nm.send(m.ReturnLease(msg.lease_id))
+            with self.rt.lock:
+                self._pump(key, queue)  # type: ignore[arg-type]
+            return
+        worker = LeasedWorker(conn, msg.lease_id, msg.worker_id, key)  # type: ignore[arg-type]
+        conn.context = worker
+        with self.rt.lock:
+            queue.workers.append(worker)
+            self._pump(key, queue)  # type: ignore[arg-type]
+
+    def on_lease_failed(self, msg: m.LeaseFailed) -> None:
+        key = self._lease_keys.pop(msg.req_id, None)
+        queue = self.queues.get(key) if key is not None else None
+        if queue is None:
+            return
+        queue.lease_requests.discard(msg.req_id)
+        with self.rt.lock:
+            failed = list(queue.tasks)
+            queue.tasks.clear()
+        for record in failed:
+            self.rt.fail_task(record, self.rt.make_system_error(msg.reason, record.spec.name))
+
+    def _connect(self, address: str) -> Connection:
+        rt = self.rt
+        hello = make_hello(rt.token, "driver", rt.client_id, rt.job_id, rt.sys_paths)
+        conn, _ = open_connection(rt.reactor, address, hello, self._on_message,
+                                  self._on_worker_closed)
+        return conn
+
+    # -- results (reactor thread) ------------------------------------------------------------
+
+    def _on_message(self, conn: Connection, msg: Any) -> None:
+        if isinstance(msg, m.TaskResult):
+            self.on_result(conn.context, msg)
+
+    def on_result(self, worker: LeasedWorker, msg: m.TaskResult) -> None:
+        rt = self.rt
+        with rt.lock:
+            record = worker.inflight.pop(msg.task_id, None)
+            if record is None:
+                return
+            queue = self.queues[worker.key]
+            elapsed = msg.end_ts - msg.start_ts
+            queue.avg_seconds = 0.8 * queue.avg_seconds + 0.2 * elapsed
+            retry = not record.cancelled and rt.should_retry_exception(record, msg)
+            if retry:
+                record.spec.attempt += 1
+                queue.tasks.appendleft(record)
+            self._pump(worker.key, queue)
+            if not worker.inflight and not queue.tasks:
+                self._arm_idle(worker)
+        if not retry:
+            rt.complete_task(record, msg)
+
+    def _arm_idle(self, worker: LeasedWorker) -> None:
+        worker.idle_since = time.monotonic()
+        if not worker.timer_armed:
+            worker.timer_armed = True
+            self.rt.reactor.call_later(LEASE_IDLE_TIMEOUT, lambda: self._idle_check(worker))
+
+    def _idle_check(self, worker: LeasedWorker) -> None:
+        with self.rt.lock:
+            worker.timer_armed = False
+            if worker.inflight or worker.conn.closed:
+                return
+            left = worker.idle_since + LEASE_IDLE_TIMEOUT - time.monotonic()
+            if left > 0:
+                worker.timer_armed = True
+                self.rt.reactor.call_later(left, lambda: self._idle_check(worker))
+                return
+            queue = self.queues[worker.key]
+            queue.workers.remove(worker)
+        self.rt.nm.send(m.ReturnLease(worker.lease_id))
+        worker.conn.on_close = None
+        worker.conn.close("lease returned")
+
+    def _on_worker_closed(self, conn: Connection, reason: str) -> None:
+        worker: LeasedWorker | None = conn.context
+        if worker is None:
+            return
+        rt = self.rt
+        failed: list[tuple[TaskRecord, BaseException]] = []
+        with rt.lock:
+            queue = self.queues[worker.key]
+            if worker in queue.workers:
+                queue.workers.remove(worker)
+            for record in worker.inflight.values():
+                if record.cancelled:
+                    failed.append((record, TaskCancelledError(
+                        f"task {record.spec.name!r} was cancelled")))
+                elif record.spec.attempt < record.max_retries or record.max_retries < 0:
+                    record.spec.attempt += 1
+                    queue.tasks.appendleft(record)
+                else:
+                    failed.append((record, WorkerCrashedError(
+                        f"the worker running task {record.spec.name!r} died ({reason}) "
+                        f"and its {record.max_retries} retries are used up; see the worker "
+                        f"logs in {rt.session_dir}/logs")))
+            worker.inflight.clear()
+            self._pump(worker.key, queue)
+        for record, error in failed:
+            rt.fail_task(record, error)
+
+    # -- cancellation --------------------------------------------------------------------------
+
+    def cancel(self, record: TaskRecord, force: bool) -> bool:
+        """Cancel a queued or running task; True if it was queued (failed here)."""
+        record.cancelled = True
+        for queue in self.queues.values():
+            if record in queue.tasks:
+                queue.tasks.remove(record)
+                return True
+        if record.worker is not None:
+            self.rt.nm.send(m.CancelTask(record.spec.task_id, record.worker.worker_id, force))
+        return record.deps > 0
+
+    def shutdown(self) -> None:
+        for queue in self.queues.values():
+            for worker in queue.workers:
+                worker.conn.on_close = None
+                worker.conn.close("shutdown")
+
+
+def _load(worker: LeasedWorker) -> int:
+    return len(worker.inflight)

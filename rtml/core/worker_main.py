@@ -1,0 +1,116 @@
+"""Entry point of every worker process: ``python -m rtml.core.worker_main CONFIG_JSON``.
+
+    node manager --spawns--> worker
+    worker --Hello(role=worker)--> node manager; --WorkerListening(address)--> node manager
+    owners --Hello--> worker's Unix socket --PushTask--> Executor (main thread)
+
+The main thread runs the task server (a reactor) and executes tasks inline;
+the client runtime (nested submissions, get, put) runs its own I/O thread.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from rtml.core import context
+from rtml.core.executor import Executor
+from rtml.core.runtime import ClientConfig, ClientRuntime
+from rtml.exceptions import ProtocolError
+from rtml.rpc import messages as m
+from rtml.rpc.auth import check_hello
+from rtml.rpc.reactor import Connection, Reactor
+from rtml.session import Session
+
+log = logging.getLogger(__name__)
+
+
+class TaskServer:
+    """Accepts owners' connections and hands their tasks to the executor."""
+
+    def __init__(self, rt: ClientRuntime, executor: Executor, reactor: Reactor) -> None:
+        self.rt = rt
+        self.executor = executor
+        self.reactor = reactor
+
+    def accept(self, sock: socket.socket) -> None:
+        conn = Connection(self.reactor, sock, self._on_first, name="owner")
+        self.reactor.add(conn)
+
+    def _on_first(self, conn: Connection, msg: Any) -> None:
+        try:
+            hello = check_hello(msg, self.rt.token)
+        except ProtocolError as exc:
+            log.warning("refusing a connection: %s", exc)
+            conn.send(m.HelloReply(ok=False, error=str(exc)))
+            conn.close(str(exc))
+            return
+        for path in hello.sys_paths:
+            if path not in sys.path:
+                sys.path.insert(0, path)
+        conn.handler = self._on_message
+        conn.send(m.HelloReply(ok=True, node_id=self.rt.node_id))
+
+    def _on_message(self, conn: Connection, msg: Any) -> None:
+        if isinstance(msg, m.PushTask):
+            self.executor.on_push(conn, msg.spec)
+        else:
+            log.warning("unexpected %s from an owner", type(msg).__name__)
+
+
+def main(argv: list[str]) -> int:
+    cfg = json.loads(argv[1])
+    session = Session(Path(cfg["session_dir"]))
+    worker_id = bytes.fromhex(cfg["worker_id"])
+    logging.basicConfig(filename=session.log_file(f"worker-{cfg['worker_id'][:12]}"),
+                        level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    rt = ClientRuntime(ClientConfig(role="worker", token=cfg["token"],
+                                    nm_address=cfg["nm_address"],
+                                    head_address=cfg["head_address"],
+                                    session_dir=cfg["session_dir"], client_id=worker_id))
+    server_reactor = Reactor("rtml-task-server")
+    executor = Executor(rt)
+    rt.nm_extra_handler = lambda msg: _on_nm_message(rt, executor, server_reactor, msg)
+    rt.blocked_hook = lambda blocked: rt.nm.send(
+        m.WorkerBlocked() if blocked else m.WorkerUnblocked())
+    rt.connect()
+    context.set_runtime(rt)
+    path = str(session.sockets / f"w-{cfg['worker_id'][:16]}.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    os.chmod(path, 0o600)
+    listener.listen(128)
+    server = TaskServer(rt, executor, server_reactor)
+    server_reactor.listen(listener, server.accept)
+    rt.nm.send(m.WorkerListening(f"unix:{path}"))
+    try:
+        server_reactor.run()
+    finally:
+        os.unlink(path)
+    return 0
+
+
+def _on_nm_message(rt: ClientRuntime, executor: Executor, server: Reactor, msg: Any) -> None:
+    if isinstance(msg, m.CancelRunning):
+        executor.cancel(msg.task_id)
+    elif isinstance(msg, m.BecomeActor):
+        server.call_soon(_become_actor, rt, executor, msg.spec)
+    elif isinstance(msg, m.Shutdown):
+        os._exit(0)
+
+
+def _become_actor(rt: ClientRuntime, executor: Executor, spec: m.ActorSpec) -> None:
+    error = executor.become_actor(spec)
+    rt.nm.send(m.ActorReady(spec.actor_id, error))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

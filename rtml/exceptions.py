@@ -1,0 +1,132 @@
+"""Every error rtml raises, rooted at :class:`RtmlError`.
+
+Each class says when it is raised and what to do about it. Every error pickles,
+so errors travel from workers to owners and on to downstream tasks intact.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class RtmlError(Exception):
+    """Base of every rtml error."""
+
+
+class TaskError(RtmlError):
+    """The user's code raised inside a task or actor method.
+
+    The object raised by ``get`` is also an instance of the user's exception
+    class, so ``except ValueError`` works. ``cause`` is the original exception;
+    ``str()`` names the task, the pid and node, and holds the remote traceback.
+    """
+
+    def __init__(self, task_name: str, traceback_text: str, cause: BaseException | None,
+                 pid: int = 0, node_id: str = "") -> None:
+        self.task_name = task_name
+        self.traceback_text = traceback_text
+        self.cause = cause
+        self.pid = pid
+        self.node_id = node_id
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        where = f"pid={self.pid}, node={self.node_id[:12]}" if self.pid else "driver"
+        return (f"task {self.task_name!r} failed ({where}):\n{self.traceback_text.rstrip()}")
+
+    def __str__(self) -> str:
+        return self._message()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_task_error,
+                (self.task_name, self.traceback_text, self.cause, self.pid, self.node_id))
+
+    def as_instanceof_cause(self) -> TaskError:
+        """Return a TaskError that is also an instance of ``type(self.cause)``."""
+        cause_cls = type(self.cause) if self.cause is not None else None
+        if cause_cls is None or isinstance(self, cause_cls) or not _subclassable(cause_cls):
+            return self
+        cls = _dual_class(cause_cls)
+        err = cls.__new__(cls)
+        TaskError.__init__(err, self.task_name, self.traceback_text, self.cause,
+                           self.pid, self.node_id)
+        err.args = getattr(self.cause, "args", err.args)
+        return err
+
+
+_DUAL_CLASSES: dict[type, type] = {}
+
+
+def _subclassable(cls: type) -> bool:
+    if not issubclass(cls, Exception) or issubclass(cls, RtmlError):
+        return False
+    try:
+        type("_Probe", (TaskError, cls), {})
+    except TypeError:
+        return False
+    return True
+
+
+def _dual_class(cause_cls: type) -> type:
+    cls = _DUAL_CLASSES.get(cause_cls)
+    if cls is None:
+        cls = type(f"TaskError({cause_cls.__name__})", (TaskError, cause_cls),
+                   {"__init__": TaskError.__init__, "__str__": TaskError.__str__,
+                    "__reduce__": TaskError.__reduce__})
+        _DUAL_CLASSES[cause_cls] = cls
+    return cls
+
+
+def _rebuild_task_error(task_name: str, traceback_text: str, cause: BaseException | None,
+                        pid: int, node_id: str) -> TaskError:
+    return TaskError(task_name, traceback_text, cause, pid, node_id).as_instanceof_cause()
+
+
+class ActorDiedError(RtmlError):
+    """The actor died or was killed and has no restarts left.
+
+    If its constructor raised, the message contains that error. Create a new
+    actor, or give it ``max_restarts`` to survive process deaths.
+    """
+
+
+ActorError = ActorDiedError
+
+
+class WorkerCrashedError(RtmlError):
+    """The worker process running the task died and ``max_retries`` is used up.
+
+    Look for the cause in the worker log in the session directory (segfault,
+    ``os._exit``, out of memory); raise ``max_retries`` if the crash is transient.
+    """
+
+
+class NodeDiedError(RtmlError):
+    """The node running the task died and retries are used up."""
+
+
+class ObjectLostError(RtmlError):
+    """Every copy of the object is gone and it cannot be rebuilt."""
+
+
+class GetTimeoutError(RtmlError, TimeoutError):
+    """``get`` or ``wait`` ran out of time; the object may still arrive later."""
+
+
+class TaskCancelledError(RtmlError):
+    """The task was cancelled with ``rtml.cancel``; cancelled tasks are never retried."""
+
+
+class RtmlSystemError(RtmlError):
+    """An internal component failed; the message names it and what to do."""
+
+
+class ProtocolError(RtmlError):
+    """A peer sent a frame that breaks the wire protocol (bad token, bad size, bad shape)."""
+
+
+__all__ = [
+    "ActorDiedError", "ActorError", "GetTimeoutError", "NodeDiedError", "ObjectLostError",
+    "ProtocolError", "RtmlError", "RtmlSystemError", "TaskCancelledError", "TaskError",
+    "WorkerCrashedError",
+]

@@ -1,0 +1,316 @@
+"""Typed wire messages of every rtml protocol.
+
+Each message is a msgspec ``Struct`` encoded as a msgpack array whose first
+element is its integer tag, so decoding is a single C call into the right
+class. ``PROTOCOL_VERSION`` is checked in the ``Hello`` handshake; bump it
+whenever a message changes shape.
+
+Protocols (one connection each, all opening with ``Hello``):
+
+    client (driver/worker) -> node manager   leases, object store, cancel
+    owner -> worker                          PushTask / TaskResult
+    client, node manager -> head service     jobs, nodes, actors, cluster state
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+PROTOCOL_VERSION = 1
+
+
+class Msg(msgspec.Struct, array_like=True, tag=True, omit_defaults=False):
+    """Base of all wire messages."""
+
+
+# -- handshake ---------------------------------------------------------------------------------
+
+class Hello(Msg, tag=1):
+    token: str
+    version: int
+    role: str  # "driver" | "worker" | "node" | "cli"
+    client_id: bytes
+    pid: int
+    job_id: bytes = b""
+    sys_paths: list[str] = []
+
+
+class HelloReply(Msg, tag=2):
+    ok: bool
+    error: str = ""
+    node_id: bytes = b""
+    info: dict[str, str] = {}
+
+
+# -- values ------------------------------------------------------------------------------------
+
+class Payload(msgspec.Struct, array_like=True):
+    """A serialized value: pickle-5 in-band bytes plus its out-of-band buffers."""
+    data: bytes
+    buffers: list[bytes] = []
+    is_error: bool = False
+
+
+class TaskArg(msgspec.Struct, array_like=True):
+    """One argument: an inline value, or an object id the worker resolves itself."""
+    value: Payload | None = None
+    object_id: bytes = b""
+
+
+class ReturnObject(msgspec.Struct, array_like=True):
+    object_id: bytes
+    value: Payload | None  # None: the value is in the node's shared-memory store
+    size: int = 0
+    is_error: bool = False
+
+
+# -- owner <-> worker --------------------------------------------------------------------------
+
+class TaskSpec(msgspec.Struct, array_like=True):
+    task_id: bytes
+    job_id: bytes
+    name: str
+    function_id: bytes  # hash of the exported function; empty for actor methods
+    args: list[TaskArg]
+    kwarg_names: list[str]
+    num_returns: int
+    owner_id: bytes
+    actor_id: bytes = b""
+    method: str = ""
+    attempt: int = 0
+
+
+class PushTask(Msg, tag=10):
+    spec: TaskSpec
+
+
+class TaskResult(Msg, tag=11):
+    task_id: bytes
+    returns: list[ReturnObject]
+    start_ts: float
+    end_ts: float
+    worker_pid: int
+    node_id: bytes
+    cancelled: bool = False
+
+
+# -- client -> node manager --------------------------------------------------------------------
+
+class RequestLease(Msg, tag=20):
+    req_id: int
+    shape: dict[str, float]
+
+
+class LeaseGranted(Msg, tag=21):
+    req_id: int
+    lease_id: int
+    worker_id: bytes
+    address: str
+
+
+class LeaseFailed(Msg, tag=22):
+    req_id: int
+    reason: str
+
+
+class ReturnLease(Msg, tag=23):
+    lease_id: int
+
+
+class CancelLeaseRequest(Msg, tag=24):
+    req_id: int
+
+
+class WorkerBlocked(Msg, tag=25):
+    pass
+
+
+class WorkerUnblocked(Msg, tag=26):
+    pass
+
+
+class SealObject(Msg, tag=30):
+    object_id: bytes
+    size: int
+    holder: bytes
+
+
+class AddHolds(Msg, tag=31):
+    object_ids: list[bytes]
+    holder: bytes
+
+
+class ReleaseHolds(Msg, tag=32):
+    object_ids: list[bytes]
+    holder: bytes
+
+
+class ReleaseHolder(Msg, tag=33):
+    holder: bytes
+
+
+class WaitObject(Msg, tag=34):
+    req_id: int
+    object_id: bytes
+    owner_id: bytes
+
+
+class ObjectAvailable(Msg, tag=35):
+    req_id: int
+    object_id: bytes
+    error: str = ""
+
+
+class CancelTask(Msg, tag=36):
+    task_id: bytes
+    worker_id: bytes
+    force: bool
+
+
+class StoreStats(Msg, tag=37):
+    req_id: int
+
+
+class StoreStatsReply(Msg, tag=38):
+    req_id: int
+    stats: dict[str, int]
+
+
+# -- node manager -> worker --------------------------------------------------------------------
+
+class CancelRunning(Msg, tag=40):
+    task_id: bytes
+
+
+class WorkerListening(Msg, tag=41):
+    address: str
+
+
+class ActorSpec(msgspec.Struct, array_like=True):
+    actor_id: bytes
+    job_id: bytes
+    owner_id: bytes
+    class_id: bytes
+    class_name: str
+    args: list[TaskArg]
+    kwarg_names: list[str]
+    shape: dict[str, float]  # needed to place the actor
+    hold_shape: dict[str, float]  # held while it is alive
+    max_restarts: int = 0
+    max_task_retries: int = 0
+    max_concurrency: int = 1
+    is_async: bool = False
+    name: str = ""
+    namespace: str = ""
+    detached: bool = False
+    sys_paths: list[str] = []
+
+
+class BecomeActor(Msg, tag=42):
+    spec: ActorSpec
+
+
+class ActorReady(Msg, tag=43):
+    actor_id: bytes
+    error: str = ""  # the constructor's error, with its traceback
+
+
+# -- head service ------------------------------------------------------------------------------
+
+class RegisterNode(Msg, tag=50):
+    node_id: bytes
+    address: str
+    unix_path: str
+    resources: dict[str, float]
+    session_dir: str
+
+
+class NodeHeartbeat(Msg, tag=51):
+    node_id: bytes
+    available: dict[str, float]
+    pending_shapes: list[dict[str, float]] = []
+
+
+class RegisterJob(Msg, tag=52):
+    job_id: bytes
+    pid: int
+    namespace: str
+    cwd: str
+
+
+class CreateActor(Msg, tag=53):
+    req_id: int  # 0: no reply wanted
+    spec: ActorSpec
+    get_if_exists: bool = False
+
+
+class GetActorInfo(Msg, tag=54):
+    req_id: int
+    actor_id: bytes
+    name: str = ""
+    namespace: str = ""
+    wait_ready: bool = True
+    stale_address: str = ""  # wait for an address other than this one (a restart)
+
+
+class ActorInfo(Msg, tag=55):
+    req_id: int
+    actor_id: bytes
+    state: str  # PENDING | ALIVE | RESTARTING | DEAD | MISSING
+    address: str = ""
+    error: str = ""
+    spec: ActorSpec | None = None
+
+
+class KillActor(Msg, tag=56):
+    actor_id: bytes
+    no_restart: bool = True
+
+
+class StartActor(Msg, tag=57):
+    spec: ActorSpec
+
+
+class ActorStarted(Msg, tag=58):
+    actor_id: bytes
+    worker_id: bytes
+    address: str
+    error: str = ""
+
+
+class ActorWorkerDied(Msg, tag=59):
+    actor_id: bytes
+    reason: str
+
+
+class KillActorWorker(Msg, tag=60):
+    actor_id: bytes
+
+
+class GetClusterInfo(Msg, tag=61):
+    req_id: int
+
+
+class ClusterInfo(Msg, tag=62):
+    req_id: int
+    nodes: list[dict[str, object]]
+
+
+class Shutdown(Msg, tag=63):
+    pass
+
+
+Message = (
+    Hello | HelloReply | PushTask | TaskResult | RequestLease | LeaseGranted | LeaseFailed
+    | ReturnLease | CancelLeaseRequest | WorkerBlocked | WorkerUnblocked | SealObject | AddHolds
+    | ReleaseHolds | ReleaseHolder | WaitObject | ObjectAvailable | CancelTask | StoreStats
+    | StoreStatsReply | CancelRunning | WorkerListening | BecomeActor | ActorReady
+    | RegisterNode | NodeHeartbeat | RegisterJob | CreateActor | GetActorInfo | ActorInfo
+    | KillActor | StartActor | ActorStarted | ActorWorkerDied | KillActorWorker
+    | GetClusterInfo | ClusterInfo | Shutdown
+)
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Message)
+encode = _encoder.encode
+decode = _decoder.decode

@@ -1,0 +1,339 @@
+"""A small selector reactor for the client runtime (drivers and workers).
+
+    user thread ---- Connection.send() ----> socket      (direct write, no hop)
+                                               |
+    reactor thread <- selector <- readable ----+ -> FrameDecoder -> handler(conn, msg)
+
+The hot path must not pay for an event-loop hop per message, so any thread may
+write a frame straight to the socket under the connection's lock; only the
+bytes a full socket refuses are queued and flushed by the reactor when it
+turns writable. Reading, timers and callbacks posted from other threads run
+on the reactor thread. Daemons use asyncio instead (see ``rpc.server``).
+"""
+
+from __future__ import annotations
+
+import errno
+import heapq
+import itertools
+import logging
+import os
+import selectors
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from rtml.exceptions import ProtocolError, RtmlSystemError
+from rtml.rpc import messages as m
+from rtml.rpc.framing import FrameDecoder, frame
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[["Connection", Any], None]
+CloseHandler = Callable[["Connection", str], None]
+_RECV_SIZE = 1 << 18
+
+
+def connect_socket(address: str, timeout: float = 10.0) -> socket.socket:
+    """Open a stream socket to ``unix:/path`` or ``host:port``. Raises OSError."""
+    if address.startswith("unix:"):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        target: Any = address[5:]
+    else:
+        host, _, port = address.rpartition(":")
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        target = (host, int(port))
+    sock.settimeout(timeout)
+    try:
+        sock.connect(target)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def handshake(sock: socket.socket, hello: m.Hello) -> m.HelloReply:
+    """Send ``hello`` and read the reply on a blocking socket. Raises ProtocolError."""
+    sock.sendall(frame(m.encode(hello)))
+    decoder = FrameDecoder(max_frame=1 << 20)
+    while True:
+        data = sock.recv(65536)
+        if not data:
+            raise ProtocolError("peer closed the connection during the handshake")
+        frames = decoder.feed(data)
+        if frames:
+            reply = m.decode(frames[0])
+            if not isinstance(reply, m.HelloReply):
+                raise ProtocolError(f"expected HelloReply, got {type(reply).__name__}")
+            if not reply.ok:
+                raise ProtocolError(f"handshake refused: {reply.error}")
+            return reply
+
+
+class Connection:
+    """A framed, authenticated connection driven by a :class:`Reactor`."""
+
+    def __init__(self, reactor: Reactor, sock: socket.socket, handler: Handler,
+                 on_close: CloseHandler | None = None, name: str = "") -> None:
+        sock.setblocking(False)
+        self.reactor = reactor
+        self.sock = sock
+        self.handler = handler
+        self.on_close = on_close
+        self.name = name
+        self.closed = False
+        self.context: Any = None
+        self._decoder = FrameDecoder()
+        self._lock = threading.Lock()
+        self._out = bytearray()
+
+    def send(self, msg: m.Msg) -> None:
+        """Encode and send ``msg`` from any thread; queues what the socket refuses."""
+        self.send_raw(frame(m.encode(msg)))
+
+    def send_raw(self, data: bytes) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            if self._out:
+                self._out += data
+                return
+            try:
+                sent = self.sock.send(data)
+            except BlockingIOError:
+                sent = 0
+            except OSError as exc:
+                self.reactor.call_soon(self.close, f"send failed: {exc}")
+                return
+            if sent < len(data):
+                self._out += data[sent:]
+                self.reactor.call_soon(self.reactor._want_write, self)
+
+    def _flush(self) -> bool:
+        """Write queued bytes; True when the queue is empty."""
+        with self._lock:
+            try:
+                sent = self.sock.send(self._out)
+            except BlockingIOError:
+                return False
+            del self._out[:sent]
+            return not self._out
+
+    def _on_readable(self) -> None:
+        try:
+            data = self.sock.recv(_RECV_SIZE)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self.close(f"recv failed: {exc}")
+            return
+        if not data:
+            self.close("peer closed the connection")
+            return
+        try:
+            frames = self._decoder.feed(data)
+            for payload in frames:
+                self.handler(self, m.decode(payload))
+        except (ProtocolError, ValueError, TypeError) as exc:
+            log.warning("closing %s: bad frame: %s", self.name, exc)
+            self.close(f"bad frame: {exc}")
+
+    def close(self, reason: str = "closed") -> None:
+        """Close once, from the reactor thread, and tell ``on_close``."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+        self.reactor._forget(self)
+        self.sock.close()
+        if self.on_close is not None:
+            self.on_close(self, reason)
+
+
+class _Listener:
+    """A listening socket whose accepted connections must authenticate first."""
+
+    def __init__(self, sock: socket.socket, accept: Callable[[socket.socket], None]) -> None:
+        self.sock = sock
+        self.accept = accept
+
+
+class Reactor:
+    """Runs selector I/O, timers and posted callbacks on one thread."""
+
+    def __init__(self, name: str = "rtml-reactor") -> None:
+        self.name = name
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        self._calls: deque[tuple[Callable[..., Any], tuple[Any, ...]]] = deque()
+        self._timers: list[tuple[float, int, Callable[[], Any]]] = []
+        self._seq = itertools.count()
+        self._running = False
+        self._thread: threading.Thread | None = None
+        self.thread_id: int | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Run the loop on a daemon thread."""
+        self._thread = threading.Thread(target=self.run, name=self.name, daemon=True)
+        self._thread.start()
+
+    def run(self) -> None:
+        """Run the loop on the calling thread until :meth:`stop`."""
+        self._running = True
+        self.thread_id = threading.get_ident()
+        try:
+            while self._running:
+                self._run_once()
+        finally:
+            self._running = False
+
+    def stop(self) -> None:
+        self._running = False
+        self._wake()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+    def close(self) -> None:
+        """Close every connection and the selector; call after :meth:`stop`."""
+        for key in list(self._sel.get_map().values()):
+            if isinstance(key.data, Connection):
+                key.data.on_close = None
+                key.data.close("reactor closed")
+        self._sel.close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    def in_reactor(self) -> bool:
+        return threading.get_ident() == self.thread_id
+
+    # -- scheduling --------------------------------------------------------------------------
+
+    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the reactor thread (thread-safe)."""
+        self._calls.append((fn, args))
+        if not self.in_reactor():
+            self._wake()
+
+    def call_later(self, delay: float, fn: Callable[[], Any]) -> None:
+        """Run ``fn()`` on the reactor thread after ``delay`` seconds."""
+        self.call_soon(self._add_timer, time.monotonic() + delay, fn)
+
+    def _add_timer(self, when: float, fn: Callable[[], Any]) -> None:
+        heapq.heappush(self._timers, (when, next(self._seq), fn))
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"\0")
+        except (BlockingIOError, OSError):
+            pass
+
+    # -- connections -------------------------------------------------------------------------
+
+    def add(self, conn: Connection) -> Connection:
+        """Start reading ``conn`` (thread-safe)."""
+        self.call_soon(self._sel.register, conn.sock, selectors.EVENT_READ, conn)
+        return conn
+
+    def listen(self, sock: socket.socket, accept: Callable[[socket.socket], None]) -> None:
+        """Call ``accept(sock)`` on the reactor thread for each accepted socket."""
+        sock.setblocking(False)
+        self.call_soon(self._sel.register, sock, selectors.EVENT_READ, _Listener(sock, accept))
+
+    def _accept(self, listener: _Listener) -> None:
+        try:
+            sock, _ = listener.sock.accept()
+        except (BlockingIOError, OSError):
+            return
+        listener.accept(sock)
+
+    def _want_write(self, conn: Connection) -> None:
+        if not conn.closed:
+            self._sel.modify(conn.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, conn)
+
+    def _forget(self, conn: Connection) -> None:
+        try:
+            self._sel.unregister(conn.sock)
+        except (KeyError, ValueError, OSError):
+            pass
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def _run_once(self) -> None:
+        timeout: float | None = None
+        if self._calls:
+            timeout = 0
+        elif self._timers:
+            timeout = max(0.0, self._timers[0][0] - time.monotonic())
+        for key, events in self._sel.select(timeout):
+            conn = key.data
+            if conn is None:
+                self._drain_wake()
+                continue
+            if isinstance(conn, _Listener):
+                self._guard(self._accept, conn)
+                continue
+            if events & selectors.EVENT_WRITE and conn._flush() and not conn.closed:
+                self._sel.modify(conn.sock, selectors.EVENT_READ, conn)
+            if events & selectors.EVENT_READ and not conn.closed:
+                self._guard(conn._on_readable)
+        self._run_calls()
+        if self._timers:
+            self._run_timers(time.monotonic())
+
+    def _drain_wake(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, OSError) as exc:
+            if getattr(exc, "errno", None) not in (None, errno.EAGAIN):
+                raise
+
+    def _run_calls(self) -> None:
+        calls = self._calls
+        for _ in range(len(calls)):
+            fn, args = calls.popleft()
+            self._guard(fn, *args)
+
+    def _run_timers(self, now: float) -> None:
+        while self._timers and self._timers[0][0] <= now:
+            _, _, fn = heapq.heappop(self._timers)
+            self._guard(fn)
+
+    def _guard(self, fn: Callable[..., Any], *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception:
+            log.exception("%s: callback %r failed", self.name, fn)
+
+
+def open_connection(reactor: Reactor, address: str, hello: m.Hello, handler: Handler,
+                    on_close: CloseHandler | None = None,
+                    timeout: float = 10.0) -> tuple[Connection, m.HelloReply]:
+    """Connect, authenticate and register a connection. Raises RtmlSystemError."""
+    try:
+        sock = connect_socket(address, timeout)
+    except OSError as exc:
+        raise RtmlSystemError(f"cannot connect to {address}: {exc}") from exc
+    try:
+        reply = handshake(sock, hello)
+    except (OSError, ProtocolError) as exc:
+        sock.close()
+        raise RtmlSystemError(f"handshake with {address} failed: {exc}") from exc
+    conn = Connection(reactor, sock, handler, on_close, name=address)
+    reactor.add(conn)
+    return conn, reply
+
+
+def make_hello(token: str, role: str, client_id: bytes, job_id: bytes = b"",
+               sys_paths: list[str] | None = None) -> m.Hello:
+    return m.Hello(token=token, version=m.PROTOCOL_VERSION, role=role, client_id=client_id,
+                   pid=os.getpid(), job_id=job_id, sys_paths=sys_paths or [])

@@ -1,0 +1,105 @@
+"""Framed, authenticated connections for the asyncio daemons.
+
+    peer --Hello(token)--> FramedProtocol --check_hello--> on_hello -> HelloReply
+    peer --frames--------> FramedProtocol --decode------> on_message(conn, msg)
+
+A bad first frame, a wrong token, an oversized or undecodable frame closes
+that one connection with a logged reason; the daemon keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from rtml.exceptions import ProtocolError
+from rtml.rpc import messages as m
+from rtml.rpc.auth import check_hello
+from rtml.rpc.framing import FrameDecoder, frame
+
+log = logging.getLogger(__name__)
+
+
+class Peer:
+    """The daemon's side of one connection; handlers receive it with each message."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        self.hello: m.Hello | None = None
+        self.closed = False
+        self.context: Any = None
+
+    def send(self, msg: m.Msg) -> None:
+        if not self.closed:
+            self.transport.write(frame(m.encode(msg)))
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.transport.close()
+
+
+class Service:
+    """What a daemon implements to serve framed connections."""
+
+    token: str
+
+    def on_hello(self, peer: Peer, hello: m.Hello) -> m.HelloReply:
+        return m.HelloReply(ok=True)
+
+    def on_message(self, peer: Peer, msg: Any) -> None:
+        raise NotImplementedError
+
+    def on_disconnect(self, peer: Peer) -> None:
+        pass
+
+
+class FramedProtocol(asyncio.Protocol):
+    """asyncio protocol: authenticate the first frame, then dispatch messages."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self.decoder = FrameDecoder(max_frame=1 << 20)
+        self.peer: Peer | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.peer = Peer(transport)
+
+    def data_received(self, data: bytes) -> None:
+        peer = self.peer
+        assert peer is not None
+        try:
+            for payload in self.decoder.feed(data):
+                msg = m.decode(payload)
+                if peer.hello is None:
+                    self._authenticate(peer, msg)
+                else:
+                    self.service.on_message(peer, msg)
+        except (ProtocolError, ValueError, TypeError) as exc:
+            log.warning("closing connection: %s", exc)
+            if peer.hello is None:
+                peer.send(m.HelloReply(ok=False, error=str(exc)))
+            peer.close()
+
+    def _authenticate(self, peer: Peer, msg: object) -> None:
+        hello = check_hello(msg, self.service.token)
+        reply = self.service.on_hello(peer, hello)
+        peer.hello = hello
+        self.decoder.max_frame = 512 * 1024 * 1024
+        peer.send(reply)
+        if not reply.ok:
+            peer.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        peer = self.peer
+        assert peer is not None
+        peer.closed = True
+        if peer.hello is not None:
+            self.service.on_disconnect(peer)
+
+
+def protocol_factory(service: Service) -> Callable[[], FramedProtocol]:
+    return lambda: FramedProtocol(service)

@@ -1,0 +1,305 @@
+"""The head service: node table, global placement, actors, jobs.
+
+    node managers --RegisterNode/NodeHeartbeat--> node view (resources, pending demand)
+    drivers --CreateActor--> pick a node that fits --StartActor--> node manager
+                             <--ActorStarted / ActorWorkerDied-- restart or mark DEAD
+    callers --GetActorInfo--> answered when the actor is ALIVE (at a new address) or DEAD
+    driver disconnects --> its job ends; its non-detached actors are killed
+
+Every state change is written to the control plane (Redis).
+Run as ``python -m rtml.scheduler.head CONFIG_JSON READY_FD``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rtml.config import HeadConfig
+from rtml.control_plane import ControlPlane
+from rtml.daemon import die_with_parent, report_ready, setup_logging
+from rtml.rpc import messages as m
+from rtml.rpc.server import Peer, Service, protocol_factory
+from rtml.scheduler.resources import fits
+from rtml.session import Session
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class NodeState:
+    node_id: bytes
+    peer: Peer
+    address: str
+    total: dict[str, float]
+    available: dict[str, float]
+    alive: bool = True
+
+
+@dataclass
+class ActorState:
+    spec: m.ActorSpec
+    state: str = "PENDING"
+    address: str = ""
+    node_id: bytes = b""
+    restarts: int = 0
+    error: str = ""
+    no_restart: bool = False
+    waiters: list[tuple[Peer, int, str]] = field(default_factory=list)
+
+
+class HeadService(Service):
+    def __init__(self, cfg: HeadConfig) -> None:
+        self.cfg = cfg
+        self.token = cfg.token
+        self.plane = ControlPlane(cfg.redis_host, cfg.redis_port, cfg.token)
+        self.nodes: dict[bytes, NodeState] = {}
+        self.actors: dict[bytes, ActorState] = {}
+        self.pending_actors: list[bytes] = []
+        self.jobs: dict[bytes, Peer] = {}
+        self.stopped = asyncio.Event()
+
+    def on_hello(self, peer: Peer, hello: m.Hello) -> m.HelloReply:
+        return m.HelloReply(ok=True, info={"redis_host": self.cfg.redis_host,
+                                           "redis_port": str(self.cfg.redis_port)})
+
+    def on_message(self, peer: Peer, msg: Any) -> None:
+        handler = self._handlers.get(type(msg))
+        if handler is None:
+            log.warning("unexpected %s", type(msg).__name__)
+            return
+        handler(self, peer, msg)
+
+    def on_disconnect(self, peer: Peer) -> None:
+        for node in self.nodes.values():
+            if node.peer is peer:
+                node.alive = False
+                self.plane.mark_node_dead(node.node_id)
+        for job_id, job_peer in list(self.jobs.items()):
+            if job_peer is peer:
+                del self.jobs[job_id]
+                self.plane.finish_job(job_id)
+                self._end_job(job_id)
+
+    def _end_job(self, job_id: bytes) -> None:
+        for actor in self.actors.values():
+            if actor.spec.job_id == job_id and not actor.spec.detached \
+                    and actor.state != "DEAD":
+                self._kill(actor, "its driver exited")
+
+    # -- nodes and jobs ----------------------------------------------------------------------
+
+    def _register_node(self, peer: Peer, msg: m.RegisterNode) -> None:
+        self.nodes[msg.node_id] = NodeState(msg.node_id, peer, msg.address, msg.resources,
+                                            dict(msg.resources))
+        self.plane.put_node(msg.node_id, {"address": msg.address, "resources": msg.resources,
+                                          "session_dir": msg.session_dir, "alive": True,
+                                          "start_ts": time.time()})
+        self._place_pending()
+
+    def _heartbeat(self, peer: Peer, msg: m.NodeHeartbeat) -> None:
+        node = self.nodes.get(msg.node_id)
+        if node is not None:
+            node.available = msg.available
+        self.plane.heartbeat(msg.node_id, msg.available, msg.pending_shapes)
+
+    def _register_job(self, peer: Peer, msg: m.RegisterJob) -> None:
+        self.jobs[msg.job_id] = peer
+        self.plane.put_job(msg.job_id, {"pid": msg.pid, "namespace": msg.namespace,
+                                        "cwd": msg.cwd, "start_ts": time.time(),
+                                        "status": "RUNNING"})
+
+    def _cluster_info(self, peer: Peer, msg: m.GetClusterInfo) -> None:
+        nodes: list[dict[str, object]] = [
+            {"NodeID": n.node_id.hex(), "Alive": n.alive, "NodeManagerAddress": n.address,
+             "Resources": n.total, "Available": n.available} for n in self.nodes.values()]
+        peer.send(m.ClusterInfo(msg.req_id, nodes))
+
+    # -- actors ------------------------------------------------------------------------------
+
+    def _create_actor(self, peer: Peer, msg: m.CreateActor) -> None:
+        spec = msg.spec
+        if spec.name:
+            existing = self._named(spec.namespace, spec.name)
+            if existing is not None:
+                if msg.get_if_exists:
+                    peer.send(self._info(msg.req_id, existing))
+                else:
+                    peer.send(m.ActorInfo(msg.req_id, spec.actor_id, "DEAD", error=(
+                        f"an actor named {spec.name!r} already exists in namespace "
+                        f"{spec.namespace!r}; pick another name, or pass "
+                        f"get_if_exists=True to reuse it")))
+                return
+            self.plane.set_named_actor(spec.namespace, spec.name, spec.actor_id)
+        actor = self.actors[spec.actor_id] = ActorState(spec)
+        self._record(actor)
+        if msg.req_id:
+            peer.send(self._info(msg.req_id, actor))
+        self._place(actor)
+
+    def _named(self, namespace: str, name: str) -> ActorState | None:
+        for actor in self.actors.values():
+            if actor.spec.name == name and actor.spec.namespace == namespace \
+                    and actor.state != "DEAD":
+                return actor
+        return None
+
+    def _place(self, actor: ActorState) -> None:
+        nodes = [n for n in self.nodes.values() if n.alive and fits(actor.spec.shape, n.total)]
+        if not nodes:
+            if actor.spec.actor_id not in self.pending_actors:
+                self.pending_actors.append(actor.spec.actor_id)
+            return
+        node = max(nodes, key=lambda n: fits(actor.spec.shape, n.available))
+        actor.node_id = node.node_id
+        node.peer.send(m.StartActor(actor.spec))
+
+    def _place_pending(self) -> None:
+        pending, self.pending_actors = self.pending_actors, []
+        for actor_id in pending:
+            actor = self.actors.get(actor_id)
+            if actor is not None and actor.state in ("PENDING", "RESTARTING"):
+                self._place(actor)
+
+    def _actor_started(self, peer: Peer, msg: m.ActorStarted) -> None:
+        actor = self.actors.get(msg.actor_id)
+        if actor is None:
+            return
+        if msg.error:
+            actor.no_restart = True
+            actor.error = f"the actor's constructor failed: {msg.error}"
+            self._kill(actor, actor.error)
+            return
+        actor.state, actor.address = "ALIVE", msg.address
+        self._record(actor)
+        self._answer(actor)
+
+    def _actor_died(self, peer: Peer, msg: m.ActorWorkerDied) -> None:
+        actor = self.actors.get(msg.actor_id)
+        if actor is None or actor.state == "DEAD":
+            return
+        restarts_left = actor.spec.max_restarts < 0 or actor.restarts < actor.spec.max_restarts
+        if actor.no_restart or not restarts_left:
+            self._mark_dead(actor, actor.error or f"its process died ({msg.reason}) and "
+                                                  f"max_restarts={actor.spec.max_restarts} "
+                                                  f"is used up")
+            return
+        actor.restarts += 1
+        actor.state, actor.address = "RESTARTING", ""
+        self._record(actor)
+        self._place(actor)
+
+    def _kill_actor(self, peer: Peer, msg: m.KillActor) -> None:
+        actor = self.actors.get(msg.actor_id)
+        if actor is not None and actor.state != "DEAD":
+            actor.no_restart = msg.no_restart
+            self._kill(actor, "it was killed with rtml.kill()")
+
+    def _kill(self, actor: ActorState, why: str) -> None:
+        if not actor.error:
+            actor.error = why
+        node = self.nodes.get(actor.node_id)
+        if actor.no_restart or actor.state == "PENDING" or node is None:
+            actor.no_restart = True
+        if node is not None and node.alive:
+            node.peer.send(m.KillActorWorker(actor.spec.actor_id))
+        else:
+            self._mark_dead(actor, why)
+
+    def _mark_dead(self, actor: ActorState, why: str) -> None:
+        actor.state, actor.address = "DEAD", ""
+        actor.error = actor.error or why
+        if actor.spec.name:
+            self.plane.delete_named_actor(actor.spec.namespace, actor.spec.name,
+                                          actor.spec.actor_id)
+        self._record(actor)
+        self._answer(actor)
+
+    def _get_actor(self, peer: Peer, msg: m.GetActorInfo) -> None:
+        actor = (self._named(msg.namespace, msg.name) if msg.name
+                 else self.actors.get(msg.actor_id))
+        if actor is None:
+            peer.send(m.ActorInfo(msg.req_id, msg.actor_id, "MISSING",
+                                  error="no such actor"))
+            return
+        settled = actor.state == "DEAD" or (
+            actor.state == "ALIVE" and actor.address != msg.stale_address)
+        if settled or not msg.wait_ready:
+            peer.send(self._info(msg.req_id, actor))
+        else:
+            actor.waiters.append((peer, msg.req_id, msg.stale_address))
+
+    def _answer(self, actor: ActorState) -> None:
+        waiters, actor.waiters = actor.waiters, []
+        for peer, req_id, stale in waiters:
+            if actor.state == "DEAD" or actor.address != stale:
+                peer.send(self._info(req_id, actor))
+            else:
+                actor.waiters.append((peer, req_id, stale))
+
+    def _info(self, req_id: int, actor: ActorState) -> m.ActorInfo:
+        return m.ActorInfo(req_id, actor.spec.actor_id, actor.state, actor.address,
+                           actor.error, actor.spec)
+
+    def _record(self, actor: ActorState) -> None:
+        spec = actor.spec
+        self.plane.put_actor(spec.actor_id, {
+            "actor_id": spec.actor_id.hex(), "class_name": spec.class_name,
+            "state": actor.state, "name": spec.name, "namespace": spec.namespace,
+            "job_id": spec.job_id.hex(), "node_id": actor.node_id.hex(),
+            "address": actor.address, "restarts": actor.restarts, "error": actor.error,
+            "detached": spec.detached, "max_restarts": spec.max_restarts})
+
+    _handlers: dict[type, Any] = {
+        m.RegisterNode: _register_node, m.NodeHeartbeat: _heartbeat,
+        m.RegisterJob: _register_job, m.GetClusterInfo: _cluster_info,
+        m.CreateActor: _create_actor, m.ActorStarted: _actor_started,
+        m.ActorWorkerDied: _actor_died, m.KillActor: _kill_actor,
+        m.GetActorInfo: _get_actor,
+    }
+
+
+async def serve(cfg: HeadConfig, ready_fd: int) -> None:
+    head = HeadService(cfg)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, head.stopped.set)
+    server = await loop.create_server(protocol_factory(head), cfg.host, cfg.port)
+    port = server.sockets[0].getsockname()[1]
+    report_ready(ready_fd, f"ok {cfg.host}:{port}")
+    try:
+        await head.stopped.wait()
+    finally:
+        for node in head.nodes.values():
+            if node.alive:
+                node.peer.send(m.Shutdown())
+        server.close()
+        head.plane.close()
+
+
+def main(argv: list[str]) -> int:
+    cfg = HeadConfig.from_json(argv[1])
+    ready_fd = int(argv[2]) if len(argv) > 2 else -1
+    if os.environ.get("RTML_DIE_WITH_PARENT") == "1":
+        die_with_parent()
+    setup_logging(str(Session(Path(cfg.session_dir)).log_file("head")))
+    try:
+        asyncio.run(serve(cfg, ready_fd))
+    except Exception:
+        log.exception("head service failed")
+        with contextlib.suppress(OSError):
+            report_ready(ready_fd, "error see head.log")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,214 @@
+"""The local scheduler's core: leases, the worker pool and resource accounting.
+
+Sans-I/O. The node manager feeds it events (a lease was requested, a worker
+registered, blocked or died, a lease came back) and executes the commands it
+returns (grant a lease, start a worker process, report infeasible demand).
+
+    RequestLease --> pending (FIFO, skipping what does not fit yet)
+                        |  fits and an idle worker exists
+                        v
+                     Grant(lease) -- owner pushes tasks straight to the worker
+                        |  ReturnLease / owner gone
+                        v
+                     worker idle again, resources back
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from rtml.scheduler.resources import Shape, add, fits, subtract
+
+CPU = "CPU"
+
+
+@dataclass(frozen=True)
+class Grant:
+    client: Any
+    req_id: int
+    lease_id: int
+    worker_id: bytes
+
+
+@dataclass(frozen=True)
+class StartWorker:
+    actor_id: bytes = b""
+
+
+@dataclass(frozen=True)
+class StartActor:
+    """An actor has its resources; start its dedicated worker."""
+    actor_id: bytes
+
+
+@dataclass
+class LeaseRequest:
+    client: Any
+    req_id: int
+    shape: Shape
+
+
+@dataclass
+class Lease:
+    lease_id: int
+    client: Any
+    worker_id: bytes
+    shape: Shape
+    blocked: bool = False
+
+
+@dataclass
+class PendingActor:
+    actor_id: bytes
+    place_shape: Shape
+    hold_shape: Shape
+
+
+@dataclass
+class LocalScheduler:
+    """Resource view and lease book of one node."""
+
+    total: Shape
+    pool_size: int
+    available: Shape = field(init=False)
+    idle: deque[bytes] = field(default_factory=deque)
+    starting: int = 0
+    pending: deque[LeaseRequest] = field(default_factory=deque)
+    leases: dict[int, Lease] = field(default_factory=dict)
+    lease_of_worker: dict[bytes, int] = field(default_factory=dict)
+    actors_pending: deque[PendingActor] = field(default_factory=deque)
+    actor_shapes: dict[bytes, Shape] = field(default_factory=dict)
+    _ids: itertools.count = field(default_factory=lambda: itertools.count(1))
+
+    def __post_init__(self) -> None:
+        self.available = dict(self.total)
+
+    # -- events ------------------------------------------------------------------------------
+
+    def feasible(self, shape: Shape) -> bool:
+        return fits(shape, self.total)
+
+    def request_lease(self, client: Any, req_id: int, shape: Shape) -> list[Any]:
+        self.pending.append(LeaseRequest(client, req_id, shape))
+        return self.dispatch()
+
+    def cancel_request(self, client: Any, req_id: int) -> list[Any]:
+        self.pending = deque(r for r in self.pending
+                             if not (r.client is client and r.req_id == req_id))
+        return []
+
+    def worker_ready(self, worker_id: bytes) -> list[Any]:
+        self.starting = max(0, self.starting - 1)
+        self.idle.append(worker_id)
+        return self.dispatch()
+
+    def return_lease(self, lease_id: int) -> list[Any]:
+        lease = self.leases.pop(lease_id, None)
+        if lease is None:
+            return []
+        self._release(lease)
+        self.idle.append(lease.worker_id)
+        return self.dispatch()
+
+    def worker_blocked(self, worker_id: bytes) -> list[Any]:
+        lease = self._lease_of(worker_id)
+        if lease is None or lease.blocked:
+            return []
+        lease.blocked = True
+        add(self.available, {CPU: lease.shape.get(CPU, 0.0)})
+        return self.dispatch()
+
+    def worker_unblocked(self, worker_id: bytes) -> list[Any]:
+        lease = self._lease_of(worker_id)
+        if lease is None or not lease.blocked:
+            return []
+        lease.blocked = False
+        subtract(self.available, {CPU: lease.shape.get(CPU, 0.0)})
+        return []
+
+    def worker_died(self, worker_id: bytes) -> list[Any]:
+        """A pool worker exited: free its lease and keep the pool at size."""
+        if worker_id in self.idle:
+            self.idle.remove(worker_id)
+        lease = self._lease_of(worker_id)
+        if lease is not None:
+            del self.leases[lease.lease_id]
+            self._release(lease)
+        return self.dispatch()
+
+    def client_gone(self, client: Any) -> list[Any]:
+        """The owner disconnected: drop its requests and take back its leases."""
+        self.pending = deque(r for r in self.pending if r.client is not client)
+        for lease in [x for x in self.leases.values() if x.client is client]:
+            del self.leases[lease.lease_id]
+            self._release(lease)
+            self.idle.append(lease.worker_id)
+        return self.dispatch()
+
+    # -- actors ------------------------------------------------------------------------------
+
+    def place_actor(self, actor_id: bytes, place_shape: Shape, hold_shape: Shape) -> list[Any]:
+        self.actors_pending.append(PendingActor(actor_id, place_shape, hold_shape))
+        return self.dispatch()
+
+    def actor_gone(self, actor_id: bytes) -> list[Any]:
+        self.actors_pending = deque(a for a in self.actors_pending if a.actor_id != actor_id)
+        shape = self.actor_shapes.pop(actor_id, None)
+        if shape is not None:
+            add(self.available, shape)
+        return self.dispatch()
+
+    # -- dispatch ----------------------------------------------------------------------------
+
+    def dispatch(self) -> list[Any]:
+        """Grant what fits, in arrival order; ask for workers when none is idle."""
+        commands: list[Any] = []
+        for actor in list(self.actors_pending):
+            if fits(actor.place_shape, self.available):
+                self.actors_pending.remove(actor)
+                subtract(self.available, actor.hold_shape)
+                self.actor_shapes[actor.actor_id] = actor.hold_shape
+                commands.append(StartActor(actor.actor_id))
+        waiting = 0
+        for request in list(self.pending):
+            if not fits(request.shape, self.available):
+                continue
+            if not self.idle:
+                waiting += 1
+                continue
+            self.pending.remove(request)
+            commands.append(self._grant(request))
+        commands.extend(StartWorker() for _ in range(waiting - self.starting))
+        self.starting = max(self.starting, waiting)
+        return commands
+
+    def ensure_pool(self, live_workers: int) -> list[Any]:
+        """Start workers until ``pool_size`` exist or are starting."""
+        missing = self.pool_size - live_workers - self.starting
+        self.starting += max(0, missing)
+        return [StartWorker() for _ in range(missing)]
+
+    def pending_shapes(self) -> list[Shape]:
+        return [r.shape for r in self.pending] + [a.place_shape for a in self.actors_pending]
+
+    def _grant(self, request: LeaseRequest) -> Grant:
+        worker_id = self.idle.popleft()
+        lease = Lease(next(self._ids), request.client, worker_id, request.shape)
+        self.leases[lease.lease_id] = lease
+        self.lease_of_worker[worker_id] = lease.lease_id
+        subtract(self.available, request.shape)
+        return Grant(request.client, request.req_id, lease.lease_id, worker_id)
+
+    def _release(self, lease: Lease) -> None:
+        self.lease_of_worker.pop(lease.worker_id, None)
+        shape = dict(lease.shape)
+        if lease.blocked:
+            shape.pop(CPU, None)
+        add(self.available, shape)
+
+    def _lease_of(self, worker_id: bytes) -> Lease | None:
+        lease_id = self.lease_of_worker.get(worker_id)
+        return self.leases.get(lease_id) if lease_id is not None else None

@@ -1,0 +1,398 @@
+"""The node manager: local scheduler, worker pool and shared-memory store of one node.
+
+    drivers/workers --unix socket--> NodeManager.on_message
+        RequestLease  -> LocalScheduler -> Grant -> LeaseGranted(worker address)
+        Seal/Holds    -> StoreCore      -> Spill/Restore/Delete files, ObjectAvailable
+        WorkerBlocked -> CPU lent back while a task waits in get()
+    head service <--tcp/unix-- RegisterNode, NodeHeartbeat (resources, pending demand),
+                               StartActor -> dedicated worker -> ActorStarted
+    worker exit (pidfd) -> lease freed, holds dropped, pool refilled, head told
+
+Run as ``python -m rtml.scheduler.node_manager CONFIG_JSON READY_FD``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rtml import objectstore as ostore
+from rtml.config import HEARTBEAT_INTERVAL, NodeConfig
+from rtml.daemon import FramedClient, die_with_parent, report_ready, setup_logging
+from rtml.ids import random_id
+from rtml.rpc import messages as m
+from rtml.rpc.reactor import make_hello
+from rtml.rpc.server import Peer, Service, protocol_factory
+from rtml.scheduler.local import Grant, LocalScheduler, StartActor, StartWorker
+from rtml.session import Session
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerProc:
+    worker_id: bytes
+    proc: subprocess.Popen[bytes]
+    actor_id: bytes = b""
+    peer: Peer | None = None
+    address: str = ""
+    gone: bool = False
+
+
+@dataclass
+class Client:
+    client_id: bytes
+    role: str
+    worker: WorkerProc | None = None
+    waiters: set[int] = field(default_factory=set)
+
+
+class NodeManager(Service):
+    def __init__(self, cfg: NodeConfig) -> None:
+        self.cfg = cfg
+        self.token = cfg.token
+        self.session = Session(Path(cfg.session_dir))
+        self.node_id = random_id()
+        self.namespace = self.node_id.hex()[:12]
+        self.sched = LocalScheduler(cfg.total_resources(), self._pool_size())
+        self.store = ostore.StoreCore(cfg.object_store_memory)
+        self.workers: dict[bytes, WorkerProc] = {}
+        self.actor_specs: dict[bytes, m.ActorSpec] = {}
+        self.waiters: dict[int, tuple[Peer, int]] = {}
+        self._waiter_ids = 0
+        self._collect_scheduled = False
+        self.unix_path = str(self.session.sockets / "nm.sock")
+        self.stopped = asyncio.Event()
+
+    def _pool_size(self) -> int:
+        if self.cfg.prestart_workers >= 0:
+            return self.cfg.prestart_workers
+        return max(1, int(self.cfg.num_cpus))
+
+    # -- startup -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_unix_server(protocol_factory(self), self.unix_path)
+        os.chmod(self.unix_path, 0o600)
+        hello = make_hello(self.token, "node", self.node_id)
+        self.head, reply = await FramedClient.connect(self.cfg.head_address, hello)
+        self.redis_info = reply.info
+        self.head.send(m.RegisterNode(self.node_id, f"unix:{self.unix_path}", self.unix_path,
+                                      self.sched.total, str(self.session.root)))
+        self._tasks = [asyncio.create_task(self._heartbeat()),
+                       asyncio.create_task(self._head_loop())]
+        self._run(self.sched.ensure_pool(0))
+
+    async def _heartbeat(self) -> None:
+        while True:
+            self.head.send(m.NodeHeartbeat(self.node_id, dict(self.sched.available),
+                                           self.sched.pending_shapes()))
+            await asyncio.sleep(HEARTBEAT_INTERVAL)
+
+    async def _head_loop(self) -> None:
+        try:
+            while True:
+                self._on_head_message(await self.head.receive())
+        except (ConnectionError, OSError) as exc:
+            log.error("lost the head service: %s; stopping", exc)
+            self.stopped.set()
+
+    def _on_head_message(self, msg: Any) -> None:
+        if isinstance(msg, m.StartActor):
+            self.actor_specs[msg.spec.actor_id] = msg.spec
+            self._run(self.sched.place_actor(msg.spec.actor_id, msg.spec.shape,
+                                             msg.spec.hold_shape))
+        elif isinstance(msg, m.KillActorWorker):
+            self._kill_actor(msg.actor_id)
+        elif isinstance(msg, m.Shutdown):
+            self.stopped.set()
+
+    # -- connections -------------------------------------------------------------------------
+
+    def on_hello(self, peer: Peer, hello: m.Hello) -> m.HelloReply:
+        client = Client(hello.client_id, hello.role)
+        worker = self.workers.get(hello.client_id) if hello.role == "worker" else None
+        if worker is not None:
+            worker.peer = peer
+            client.worker = worker
+        peer.context = client
+        return m.HelloReply(ok=True, node_id=self.node_id,
+                            info={"store_namespace": self.namespace})
+
+    def on_message(self, peer: Peer, msg: Any) -> None:
+        handler = self._handlers.get(type(msg))
+        if handler is None:
+            log.warning("unexpected %s from a client", type(msg).__name__)
+            return
+        handler(self, peer, peer.context, msg)
+        self._schedule_collect()
+
+    def on_disconnect(self, peer: Peer) -> None:
+        client: Client = peer.context
+        self._run(self.sched.client_gone(peer))
+        for waiter_id in client.waiters:
+            self.waiters.pop(waiter_id, None)
+        self.store.release_holder(client.client_id)
+        self._schedule_collect()
+        if client.worker is not None:
+            self._worker_gone(client.worker, "its connection closed")
+
+    # -- message handlers --------------------------------------------------------------------
+
+    def _request_lease(self, peer: Peer, client: Client, msg: m.RequestLease) -> None:
+        self._run(self.sched.request_lease(peer, msg.req_id, msg.shape))
+
+    def _return_lease(self, peer: Peer, client: Client, msg: m.ReturnLease) -> None:
+        self._run(self.sched.return_lease(msg.lease_id))
+
+    def _cancel_lease_request(self, peer: Peer, client: Client,
+                              msg: m.CancelLeaseRequest) -> None:
+        self._run(self.sched.cancel_request(peer, msg.req_id))
+
+    def _blocked(self, peer: Peer, client: Client, msg: Any) -> None:
+        if client.worker is not None:
+            blocked = isinstance(msg, m.WorkerBlocked)
+            wid = client.worker.worker_id
+            self._run(self.sched.worker_blocked(wid) if blocked
+                      else self.sched.worker_unblocked(wid))
+
+    def _listening(self, peer: Peer, client: Client, msg: m.WorkerListening) -> None:
+        worker = client.worker
+        if worker is None:
+            return
+        worker.address = msg.address
+        if worker.actor_id:
+            peer.send(m.BecomeActor(self.actor_specs[worker.actor_id]))
+        else:
+            self._run(self.sched.worker_ready(worker.worker_id))
+
+    def _actor_ready(self, peer: Peer, client: Client, msg: m.ActorReady) -> None:
+        worker = client.worker
+        if worker is not None:
+            self.head.send(m.ActorStarted(msg.actor_id, worker.worker_id, worker.address,
+                                          msg.error))
+
+    def _seal(self, peer: Peer, client: Client, msg: m.SealObject) -> None:
+        self._store(self.store.seal(msg.object_id, msg.size, msg.holder))
+
+    def _add_holds(self, peer: Peer, client: Client, msg: m.AddHolds) -> None:
+        self._store(self.store.add_holds(msg.object_ids, msg.holder))
+
+    def _release_holds(self, peer: Peer, client: Client, msg: m.ReleaseHolds) -> None:
+        self._store(self.store.release_holds(msg.object_ids, msg.holder))
+
+    def _release_holder(self, peer: Peer, client: Client, msg: m.ReleaseHolder) -> None:
+        self._store(self.store.release_holder(msg.holder))
+
+    def _wait_object(self, peer: Peer, client: Client, msg: m.WaitObject) -> None:
+        self._waiter_ids += 1
+        waiter_id = self._waiter_ids
+        self.waiters[waiter_id] = (peer, msg.req_id)
+        client.waiters.add(waiter_id)
+        self._store(self.store.wait(msg.object_id, waiter_id))
+
+    def _cancel_task(self, peer: Peer, client: Client, msg: m.CancelTask) -> None:
+        worker = self.workers.get(msg.worker_id)
+        if worker is None or worker.gone:
+            return
+        if msg.force:
+            worker.proc.kill()
+        elif worker.peer is not None:
+            worker.peer.send(m.CancelRunning(msg.task_id))
+
+    def _stats(self, peer: Peer, client: Client, msg: m.StoreStats) -> None:
+        stats = self.store.stats()
+        stats["num_workers"] = sum(1 for w in self.workers.values() if not w.gone)
+        peer.send(m.StoreStatsReply(msg.req_id, stats))
+
+    _handlers: dict[type, Any] = {
+        m.RequestLease: _request_lease, m.ReturnLease: _return_lease,
+        m.CancelLeaseRequest: _cancel_lease_request, m.WorkerBlocked: _blocked,
+        m.WorkerUnblocked: _blocked, m.WorkerListening: _listening,
+        m.ActorReady: _actor_ready, m.SealObject: _seal, m.AddHolds: _add_holds,
+        m.ReleaseHolds: _release_holds, m.ReleaseHolder: _release_holder,
+        m.WaitObject: _wait_object, m.CancelTask: _cancel_task, m.StoreStats: _stats,
+    }
+
+    # -- scheduler commands ------------------------------------------------------------------
+
+    def _run(self, commands: list[Any]) -> None:
+        for command in commands:
+            if isinstance(command, Grant):
+                worker = self.workers[command.worker_id]
+                command.client.send(m.LeaseGranted(command.req_id, command.lease_id,
+                                                   command.worker_id, worker.address))
+            elif isinstance(command, StartWorker):
+                self._spawn(b"")
+            elif isinstance(command, StartActor):
+                self._spawn(command.actor_id)
+
+    def _spawn(self, actor_id: bytes) -> None:
+        worker_id = random_id()
+        config = json.dumps({
+            "session_dir": str(self.session.root), "token": self.token,
+            "nm_address": f"unix:{self.unix_path}", "head_address": self.cfg.head_address,
+            "worker_id": worker_id.hex()})
+        log_path = self.session.log_file(f"worker-{worker_id.hex()[:12]}-out")
+        with open(log_path, "ab") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "rtml.core.worker_main", config],
+                                    stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                    preexec_fn=die_with_parent)
+        worker = WorkerProc(worker_id, proc, actor_id)
+        self.workers[worker_id] = worker
+        pidfd = os.pidfd_open(proc.pid)
+        loop = asyncio.get_running_loop()
+        loop.add_reader(pidfd, self._on_exit, worker, pidfd)
+
+    def _on_exit(self, worker: WorkerProc, pidfd: int) -> None:
+        asyncio.get_running_loop().remove_reader(pidfd)
+        os.close(pidfd)
+        code = worker.proc.wait()
+        self._worker_gone(worker, f"exit code {code}")
+
+    def _worker_gone(self, worker: WorkerProc, reason: str) -> None:
+        if worker.gone:
+            return
+        worker.gone = True
+        if worker.proc.poll() is None:
+            worker.proc.kill()
+        self.workers.pop(worker.worker_id, None)
+        log.info("worker %s gone: %s", worker.worker_id.hex()[:12], reason)
+        self.store.release_holder(worker.worker_id)
+        self._schedule_collect()
+        if worker.actor_id:
+            self.actor_specs.pop(worker.actor_id, None)
+            self._run(self.sched.actor_gone(worker.actor_id))
+            self.head.send(m.ActorWorkerDied(worker.actor_id, reason))
+            return
+        self._run(self.sched.worker_died(worker.worker_id))
+        if not self.stopped.is_set():
+            live = sum(1 for w in self.workers.values() if not w.actor_id)
+            self._run(self.sched.ensure_pool(live))
+
+    def _kill_actor(self, actor_id: bytes) -> None:
+        for worker in self.workers.values():
+            if worker.actor_id == actor_id:
+                worker.proc.kill()
+                return
+        if self.actor_specs.pop(actor_id, None) is not None:
+            self._run(self.sched.actor_gone(actor_id))
+            self.head.send(m.ActorWorkerDied(actor_id, "killed before it started"))
+
+    # -- object store commands ---------------------------------------------------------------
+
+    def _schedule_collect(self) -> None:
+        if not self._collect_scheduled:
+            self._collect_scheduled = True
+            asyncio.get_running_loop().call_soon(self._collect)
+
+    def _collect(self) -> None:
+        self._collect_scheduled = False
+        self._store(self.store.collect())
+
+    def _store(self, commands: list[Any]) -> None:
+        for command in commands:
+            if isinstance(command, ostore.NotifyReady):
+                self._notify(command.waiter_ids, "")
+            elif isinstance(command, ostore.NotifyLost):
+                self._notify(command.waiter_ids, command.reason)
+            elif isinstance(command, ostore.Spill):
+                self._spill(command.object_id)
+            elif isinstance(command, ostore.Restore):
+                self._restore(command.object_id)
+            elif isinstance(command, ostore.Delete):
+                self._delete(command.object_id, command.spilled)
+
+    def _notify(self, waiter_ids: tuple[int, ...], error: str) -> None:
+        for waiter_id in waiter_ids:
+            entry = self.waiters.pop(waiter_id, None)
+            if entry is not None:
+                peer, req_id = entry
+                peer.send(m.ObjectAvailable(req_id, b"", error))
+
+    def _segment(self, object_id: bytes) -> str:
+        return ostore.segment_path(self.namespace, object_id)
+
+    def _spill_file(self, object_id: bytes) -> str:
+        return ostore.spill_path(str(self.session.spill), object_id)
+
+    def _spill(self, object_id: bytes) -> None:
+        try:
+            ostore.copy_file(self._segment(object_id), self._spill_file(object_id))
+            os.unlink(self._segment(object_id))
+        except OSError as exc:
+            log.error("spilling %s failed: %s", object_id.hex(), exc)
+            self._store(self.store.lost(object_id, f"spill failed: {exc}"))
+
+    def _restore(self, object_id: bytes) -> None:
+        try:
+            ostore.copy_file(self._spill_file(object_id), self._segment(object_id))
+            os.unlink(self._spill_file(object_id))
+        except OSError as exc:
+            log.error("restoring %s failed: %s", object_id.hex(), exc)
+            self._store(self.store.lost(object_id, f"restore failed: {exc}"))
+            return
+        self._store(self.store.restored(object_id))
+
+    def _delete(self, object_id: bytes, spilled: bool) -> None:
+        for path in (self._segment(object_id), self._spill_file(object_id)):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+    # -- shutdown ----------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        self.stopped.set()
+        for worker in list(self.workers.values()):
+            worker.gone = True
+            if worker.proc.poll() is None:
+                worker.proc.kill()
+            worker.proc.wait()
+        for path in Path("/dev/shm").glob(f"rtml-{self.namespace}-*"):
+            path.unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.unix_path)
+
+
+async def serve(cfg: NodeConfig, ready_fd: int) -> None:
+    nm = NodeManager(cfg)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, nm.stopped.set)
+    try:
+        await nm.start()
+        report_ready(ready_fd, f"ok {nm.node_id.hex()} unix:{nm.unix_path}")
+        await nm.stopped.wait()
+    finally:
+        nm.shutdown()
+
+
+def main(argv: list[str]) -> int:
+    cfg = NodeConfig.from_json(argv[1])
+    ready_fd = int(argv[2]) if len(argv) > 2 else -1
+    if os.environ.get("RTML_DIE_WITH_PARENT") == "1":
+        die_with_parent()
+    setup_logging(str(Session(Path(cfg.session_dir)).log_file("node_manager")))
+    try:
+        asyncio.run(serve(cfg, ready_fd))
+    except Exception:
+        log.exception("node manager failed")
+        if ready_fd >= 0:
+            with contextlib.suppress(OSError):
+                report_ready(ready_fd, "error see node_manager.log")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

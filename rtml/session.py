@@ -1,0 +1,102 @@
+"""The session directory: where a node keeps its token, sockets, logs and spills.
+
+    <session_dir>/            0700
+        token                 0600, the cluster token
+        session.json          addresses and pids of the processes started here
+        sockets/              Unix sockets of the node manager and workers
+        logs/                 one log file per process
+        spill/                objects spilled from shared memory
+        redis/                Redis data and append-only file (head only)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DEFAULT_SESSION_DIR = "/tmp/rtml/session_latest"
+
+
+@dataclass(frozen=True)
+class Session:
+    """Paths inside one session directory."""
+
+    root: Path
+
+    @property
+    def token_file(self) -> Path:
+        return self.root / "token"
+
+    @property
+    def record_file(self) -> Path:
+        return self.root / "session.json"
+
+    @property
+    def sockets(self) -> Path:
+        return self.root / "sockets"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def spill(self) -> Path:
+        return self.root / "spill"
+
+    @property
+    def redis(self) -> Path:
+        return self.root / "redis"
+
+    def create(self) -> Session:
+        """Make the directory tree with private permissions."""
+        for path in (self.root, self.sockets, self.logs, self.spill, self.redis):
+            path.mkdir(parents=True, exist_ok=True)
+            os.chmod(path, 0o700)
+        return self
+
+    def write_token(self, token: str) -> None:
+        fd = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token)
+
+    def read_token(self) -> str | None:
+        try:
+            return self.token_file.read_text().strip()
+        except FileNotFoundError:
+            return None
+
+    def write_record(self, record: dict[str, Any]) -> None:
+        """Atomically replace session.json."""
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".session-")
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f, indent=2)
+        os.replace(tmp, self.record_file)
+
+    def read_record(self) -> dict[str, Any] | None:
+        try:
+            return json.loads(self.record_file.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
+    def log_file(self, name: str) -> Path:
+        return self.logs / f"{name}.log"
+
+
+def new_token() -> str:
+    return secrets.token_hex(16)
+
+
+def default_session_dir() -> str:
+    return os.environ.get("RTML_SESSION_DIR", DEFAULT_SESSION_DIR)
+
+
+def fresh_session_dir() -> str:
+    """A new unique session directory for an embedded cluster."""
+    base = Path(tempfile.gettempdir()) / "rtml"
+    base.mkdir(parents=True, exist_ok=True)
+    return tempfile.mkdtemp(prefix="session_", dir=base)
