@@ -48,6 +48,9 @@ from rtml.rpc.reactor import Connection, Reactor, make_hello, open_connection
 
 log = logging.getLogger(__name__)
 
+REFOPS_BATCH = 64
+"""Reference-count changes queued before the I/O thread is woken to apply them."""
+
 
 @dataclass(frozen=True)
 class ClientConfig:
@@ -185,8 +188,10 @@ class ClientRuntime:
         self._refops.append((object_id, 1))
 
     def decref(self, object_id: bytes, owner: bytes) -> None:
+        # Runs inside __del__, possibly while this thread holds a lock: only append.
+        # API calls drain the queue; the reactor is woken only when it grows long.
         self._refops.append((object_id, -1))
-        if not self._refops_scheduled:
+        if len(self._refops) >= REFOPS_BATCH and not self._refops_scheduled:
             self._refops_scheduled = True
             self.reactor.call_soon(self.process_refops)
 
@@ -264,6 +269,8 @@ class ClientRuntime:
 
     def put_serialized(self, ser: Serialized) -> ObjectRef:
         """Store an already-serialized value as a new owned object."""
+        if self._refops:
+            self.process_refops()
         object_id = object_id_for(new_task_id(), 0)
         self._store_value(object_id, ser, is_error=False)
         return ObjectRef(object_id, self.client_id)
@@ -439,6 +446,8 @@ class ClientRuntime:
         ``error``: an argument already failed, so the task fails with that error.
         """
         spec = record.spec
+        if self._refops:
+            self.process_refops()
         with self.lock:
             self.submitter.records[spec.task_id] = record
             record.deps = len(pending)
