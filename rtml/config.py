@@ -82,7 +82,7 @@ def parse_resources(text: str | None) -> dict[str, float]:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"--resources must be a JSON object like '{{\"GPU_TYPE_A\": 1}}': {exc}")
+        raise ValueError(f"--resources must be a JSON object like '{{\"GPU_TYPE_A\": 1}}': {exc}") from None
     if not isinstance(value, dict) or not all(
             isinstance(v, (int, float)) and v >= 0 for v in value.values()):
         raise ValueError("--resources must map names to non-negative numbers")

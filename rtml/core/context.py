@@ -28,10 +28,8 @@ def require_runtime() -> ClientRuntime:
     return _runtime
 
 
-def set_current_task(task_id: bytes | None, actor_id: bytes | None = None) -> None:
+def set_current_task(task_id: bytes | None) -> None:
     _task.task_id = task_id
-    if actor_id is not None:
-        _task.actor_id = actor_id
 
 
 _actor_id: bytes | None = None
