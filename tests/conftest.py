@@ -1,0 +1,155 @@
+"""Shared fixtures: a 2-CPU embedded cluster per module, special-init clusters, leak checks.
+
+``rtml.init`` is per process, so only one cluster can be up at a time:
+
+* ``cluster`` -- the module's 2-CPU cluster. It is started once per module and
+  torn down at module end; if a test of the module shut it down (or replaced it
+  with a special one), the next test that asks for ``cluster`` starts it again.
+* ``start_cluster(**init_kwargs)`` -- a function-scoped factory for tests that
+  need their own ``init`` arguments: it shuts down whatever is up, starts a
+  cluster with those arguments, and shuts it down after the test.
+
+Leak checks: after every module (once its cluster is shut down) and at the end
+of the session, no child process of pytest may remain and no ``/dev/shm/rtml-*``
+file of a node started by this run may remain.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psutil
+import pytest
+
+SHM_GLOB = "/dev/shm/rtml-*"
+EXIT_GRACE_S = 3.0
+
+_shm_at_start: set[str] = set()
+_store_namespaces: set[str] = set()  # object-store namespaces of every node this run started
+
+
+def _shm_files() -> set[str]:
+    return set(glob.glob(SHM_GLOB))
+
+
+def record_nodes() -> None:
+    """Remember the store namespaces of the nodes of the current cluster (if any)."""
+    import rtml
+    if not rtml.is_initialized():
+        return
+    try:
+        for node in rtml.nodes():
+            _store_namespaces.add(str(node["NodeID"])[:12])
+    except Exception:  # noqa: BLE001 - a broken cluster is reported by the test itself
+        pass
+
+
+def _leaked_shm() -> set[str]:
+    """Segments created during this run by nodes this run started."""
+    new = _shm_files() - _shm_at_start
+    return {p for p in new
+            if os.path.basename(p).split("-")[1] in _store_namespaces}
+
+
+def _live_children() -> list[psutil.Process]:
+    alive = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE:
+                alive.append(child)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def assert_no_leaks(where: str) -> None:
+    """Wait up to EXIT_GRACE_S for children and segments to go, then assert they did."""
+    deadline = time.monotonic() + EXIT_GRACE_S
+    while True:
+        children = _live_children()
+        shm = _leaked_shm()
+        if (not children and not shm) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    described = []
+    for child in children:
+        try:
+            described.append(f"pid={child.pid} {' '.join(child.cmdline())[:160]}")
+        except psutil.NoSuchProcess:
+            pass
+    for child in children:  # do not let one leak cascade into the next module
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    assert not described, f"child processes left after {where}: {described}"
+    assert not shm, f"/dev/shm segments left after {where}: {sorted(shm)[:10]}"
+
+
+def _shutdown() -> None:
+    import rtml
+    record_nodes()
+    if rtml.is_initialized():
+        rtml.shutdown()
+
+
+def _ensure_default_cluster() -> None:
+    import rtml
+    if not rtml.is_initialized():
+        rtml.init(num_cpus=2)
+        record_nodes()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_leak_check() -> Iterator[None]:
+    _shm_at_start.update(_shm_files())
+    yield
+    _shutdown()
+    assert_no_leaks("the test session")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _module_leak_check(request: pytest.FixtureRequest) -> Iterator[None]:
+    # Autouse module fixtures are set up before, hence torn down after, ``_module_cluster``.
+    yield
+    _shutdown()
+    assert_no_leaks(f"module {request.module.__name__}")
+
+
+@pytest.fixture(autouse=True)
+def _record_nodes_after_test() -> Iterator[None]:
+    yield
+    record_nodes()
+
+
+@pytest.fixture(scope="module")
+def _module_cluster() -> Iterator[None]:
+    _ensure_default_cluster()
+    yield
+    _shutdown()
+
+
+@pytest.fixture
+def cluster(_module_cluster: None) -> Iterator[None]:
+    """The module's embedded 2-CPU cluster (restarted if a test took it down)."""
+    _ensure_default_cluster()
+    yield
+
+
+@pytest.fixture
+def start_cluster() -> Iterator[Callable[..., Any]]:
+    """Factory: ``start_cluster(**init_kwargs)`` replaces any running cluster for one test."""
+    import rtml
+
+    def start(**kwargs: Any) -> Any:
+        _shutdown()
+        ctx = rtml.init(**kwargs)
+        record_nodes()
+        return ctx
+
+    yield start
+    _shutdown()
