@@ -1,0 +1,289 @@
+"""Tasks on an embedded 2-CPU node: submission, options, arguments, nesting, cancel."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import pickle
+import time
+
+import pytest
+
+import rtml
+from rtml.exceptions import GetTimeoutError, TaskCancelledError, TaskError
+
+pytestmark = pytest.mark.usefixtures("cluster")
+
+
+@rtml.remote
+def add(a: int, b: int = 0) -> int:
+    return a + b
+
+
+@rtml.remote
+def timed_sleep(seconds: float) -> tuple[float, float]:
+    start = time.time()
+    time.sleep(seconds)
+    return start, time.time()
+
+
+@rtml.remote
+def describe(x: object) -> tuple[str, object]:
+    return type(x).__name__, x
+
+
+@rtml.remote
+def resolve_nested(items: list) -> tuple[list[bool], list[int]]:
+    return [isinstance(i, rtml.ObjectRef) for i in items], rtml.get(list(items))
+
+
+@rtml.remote
+def sum_of_squares(n: int) -> int:
+    return sum(rtml.get([square.remote(i) for i in range(n)]))
+
+
+@rtml.remote
+def square(x: int) -> int:
+    return x * x
+
+
+@rtml.remote
+def fib(n: int) -> int:
+    if n < 2:
+        return n
+    return sum(rtml.get([fib.remote(n - 1), fib.remote(n - 2)]))
+
+
+@rtml.remote
+def sleep_forever(marker: str) -> str:
+    open(marker, "w").close()
+    time.sleep(60)
+    return "not cancelled"
+
+
+@rtml.remote
+def three_values() -> tuple[int, str, list[int]]:
+    return 1, "two", [3]
+
+
+@rtml.remote
+def context_ids() -> tuple[str | None, str | None, str]:
+    ctx = rtml.get_runtime_context()
+    return ctx.get_task_id(), ctx.get_actor_id(), ctx.get_node_id()
+
+
+@rtml.remote
+def echo_ref_list(refs: list) -> list:
+    return refs
+
+
+def _wait_for_file(path: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        assert time.monotonic() < deadline, f"task never started ({path} missing)"
+        time.sleep(0.05)
+
+
+# -- basics -------------------------------------------------------------------------------------
+
+def test_remote_returns_object_ref_at_once_and_get_gives_value() -> None:
+    ref = add.remote(1, 2)
+    assert isinstance(ref, rtml.ObjectRef)
+    assert rtml.get(ref) == 3
+    assert rtml.get(add.remote(1, b=5)) == 6
+
+
+def test_get_list_preserves_order() -> None:
+    refs = [add.remote(i, 100) for i in range(10)]
+    assert rtml.get(refs) == [i + 100 for i in range(10)]
+
+
+def test_is_initialized_and_cluster_resources() -> None:
+    assert rtml.is_initialized()
+    total = rtml.cluster_resources()
+    assert total["CPU"] == 2.0
+    assert total.get("GPU", 0.0) == 0.0
+    assert any(k.startswith("node:") for k in total)
+    avail = rtml.available_resources()
+    assert 0.0 <= avail["CPU"] <= 2.0
+
+
+def test_nodes_table_matches_runtime_context() -> None:
+    (node,) = rtml.nodes()
+    assert node["Alive"] is True
+    assert node["Resources"]["CPU"] == 2.0
+    assert "NodeManagerAddress" in node
+    assert node["NodeID"] == rtml.get_runtime_context().get_node_id()
+
+
+def test_runtime_context_inside_task() -> None:
+    task_id, actor_id, node_id = rtml.get(context_ids.remote())
+    assert task_id is not None and isinstance(task_id, str)
+    assert actor_id is None
+    assert node_id == rtml.get_runtime_context().get_node_id()
+    assert rtml.get_runtime_context().get_actor_id() is None
+
+
+# -- options ------------------------------------------------------------------------------------
+
+def test_options_num_returns() -> None:
+    refs = three_values.options(num_returns=3).remote()
+    assert isinstance(refs, list) and len(refs) == 3
+    assert all(isinstance(r, rtml.ObjectRef) for r in refs)
+    assert rtml.get(refs) == [1, "two", [3]]
+    assert rtml.get(refs[1]) == "two"
+
+
+def test_options_resources_and_cpus() -> None:
+    node_res = next(k for k in rtml.cluster_resources() if k.startswith("node:"))
+    ref = add.options(num_cpus=0.5, num_gpus=0, resources={node_res: 0.01},
+                      max_retries=0, retry_exceptions=False, name="custom_add").remote(2, 3)
+    assert rtml.get(ref, timeout=30) == 5
+    assert rtml.get(add.options(num_cpus=0).remote(1, 1), timeout=30) == 2
+    assert rtml.get(add.options(num_cpus=2).remote(2, 2), timeout=30) == 4
+
+
+def test_decorator_with_options() -> None:
+    @rtml.remote(num_cpus=1, max_retries=1, name="decorated")
+    def mul(a: int, b: int) -> int:
+        return a * b
+
+    assert rtml.get(mul.remote(6, 7)) == 42
+    assert rtml.get(mul.options(num_cpus=0.5).remote(2, 3)) == 6
+
+
+def test_options_name_appears_in_task_error() -> None:
+    @rtml.remote
+    def fail() -> None:
+        raise RuntimeError("named failure")
+
+    with pytest.raises(TaskError) as info:
+        rtml.get(fail.options(name="my_special_task_name", max_retries=0).remote())
+    assert "my_special_task_name" in str(info.value)
+
+
+def test_infeasible_request_stays_pending_then_cancel() -> None:
+    ref = add.options(resources={"no_such_resource": 1}).remote(1, 1)
+    ready, not_ready = rtml.wait([ref], timeout=1.0)
+    assert ready == [] and not_ready == [ref]
+    rtml.cancel(ref)
+    with pytest.raises(TaskCancelledError):
+        rtml.get(ref, timeout=10)
+
+
+def test_two_cpu_node_runs_at_most_two_one_cpu_tasks_at_once() -> None:
+    spans = rtml.get([timed_sleep.remote(0.5) for _ in range(6)], timeout=60)
+    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans],
+                    key=lambda x: (x[0], x[1]))
+    running = peak = 0
+    for _, delta in events:
+        running += delta
+        peak = max(peak, running)
+    assert peak <= 2, f"{peak} one-CPU tasks overlapped on a 2-CPU node: {spans}"
+    assert peak == 2, f"tasks never ran in parallel: {spans}"
+
+
+# -- arguments ----------------------------------------------------------------------------------
+
+def test_top_level_ref_args_are_resolved() -> None:
+    ref = rtml.put(41)
+    assert rtml.get(add.remote(ref, 1)) == 42
+    assert rtml.get(add.remote(1, b=ref)) == 42  # keyword arguments too
+    assert rtml.get(describe.remote(add.remote(1, 2))) == ("int", 3)
+
+
+def test_nested_refs_are_passed_as_refs() -> None:
+    inner = [rtml.put(1), add.remote(1, 1)]
+    is_ref, values = rtml.get(resolve_nested.remote(inner))
+    assert is_ref == [True, True]
+    assert values == [1, 2]
+
+
+def test_refs_compare_equal_after_travelling_through_a_task() -> None:
+    refs = [rtml.put(i) for i in range(3)]
+    back = rtml.get(echo_ref_list.remote(refs))
+    assert back == refs
+    assert {hash(r) for r in back} == {hash(r) for r in refs}
+    assert [r.hex() for r in back] == [r.hex() for r in refs]
+    assert rtml.get(back) == [0, 1, 2]
+
+
+def test_object_ref_is_hashable_picklable_and_has_hex() -> None:
+    ref = rtml.put("value")
+    assert isinstance(ref.hex(), str) and ref.hex()
+    same = pickle.loads(pickle.dumps(ref))
+    assert same == ref and hash(same) == hash(ref)
+    assert rtml.get(same) == "value"
+    assert {ref: 1}[same] == 1
+
+
+def test_object_ref_future_and_await() -> None:
+    fut = add.remote(20, 22).future()
+    assert isinstance(fut, concurrent.futures.Future)
+    assert fut.result(timeout=30) == 42
+
+    async def main() -> int:
+        return await add.remote(1, 2)
+
+    assert asyncio.run(main()) == 3
+
+
+# -- nesting ------------------------------------------------------------------------------------
+
+def test_task_submits_tasks_and_gets_results() -> None:
+    assert rtml.get(sum_of_squares.remote(5), timeout=60) == 0 + 1 + 4 + 9 + 16
+
+
+def test_recursive_fib_on_two_cpus_does_not_deadlock() -> None:
+    assert rtml.get(fib.remote(6), timeout=90) == 8
+
+
+# -- cancel -------------------------------------------------------------------------------------
+
+def test_cancel_running_sleep_task(tmp_path) -> None:
+    marker = str(tmp_path / "started")
+    ref = sleep_forever.options(max_retries=3).remote(marker)
+    _wait_for_file(marker)
+    t0 = time.monotonic()
+    rtml.cancel(ref)
+    with pytest.raises(TaskCancelledError):
+        rtml.get(ref, timeout=20)
+    assert time.monotonic() - t0 < 10
+    # the node still works afterwards
+    assert rtml.get(add.remote(1, 1), timeout=30) == 2
+
+
+def test_force_cancel_running_task(tmp_path) -> None:
+    marker = str(tmp_path / "started")
+    ref = sleep_forever.remote(marker)
+    _wait_for_file(marker)
+    rtml.cancel(ref, force=True)
+    with pytest.raises(TaskCancelledError):
+        rtml.get(ref, timeout=20)
+    assert rtml.get(add.remote(2, 2), timeout=30) == 4
+
+
+def test_get_timeout_on_slow_task() -> None:
+    ref = timed_sleep.remote(2.0)
+    t0 = time.monotonic()
+    with pytest.raises(GetTimeoutError):
+        rtml.get(ref, timeout=0.2)
+    assert time.monotonic() - t0 < 1.5
+    start, end = rtml.get(ref, timeout=30)
+    assert end - start >= 2.0
+
+
+# -- timeline -----------------------------------------------------------------------------------
+
+def test_timeline_has_chrome_trace_events(tmp_path) -> None:
+    rtml.get(add.options(name="traced_add").remote(1, 2))
+    path = tmp_path / "trace.json"
+    events = rtml.timeline(str(path))
+    assert isinstance(events, list) and events
+    for event in events:
+        assert {"name", "cat", "ph", "ts", "dur", "pid", "tid", "args"} <= set(event)
+        assert event["ph"] == "X"
+    assert any(e["name"] == "traced_add" for e in events)
+    import json
+    assert json.loads(path.read_text()) == events
