@@ -1,0 +1,265 @@
+"""Actors on an embedded 2-CPU node: ordering, handles, concurrency, names, kill, restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+
+import pytest
+
+import rtml
+from rtml.exceptions import ActorDiedError, TaskError
+
+pytestmark = pytest.mark.usefixtures("cluster")
+
+
+@rtml.remote
+class Counter:
+    def __init__(self, start: int = 0) -> None:
+        self.value = start
+
+    def incr(self, by: int = 1) -> int:
+        self.value += by
+        return self.value
+
+    def get(self) -> int:
+        return self.value
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def actor_id(self) -> str | None:
+        return rtml.get_runtime_context().get_actor_id()
+
+    def pair(self) -> tuple[int, int]:
+        return self.value, -self.value
+
+    def fail(self, message: str) -> None:
+        raise KeyError(message)
+
+    def crash(self) -> None:
+        os._exit(1)
+
+
+@rtml.remote
+class Sleeper:
+    def ping(self) -> str:
+        return "pong"
+
+    def nap(self, seconds: float) -> tuple[float, float]:
+        start = time.time()
+        time.sleep(seconds)
+        return start, time.time()
+
+
+@rtml.remote
+class AsyncSleeper:
+    async def ping(self) -> str:
+        return "pong"
+
+    async def nap(self, seconds: float) -> tuple[float, float]:
+        start = time.time()
+        await asyncio.sleep(seconds)
+        return start, time.time()
+
+
+@rtml.remote
+class Relay:
+    """Holds another actor's handle and calls it."""
+
+    def __init__(self, target) -> None:
+        self.target = target
+
+    def forward(self, by: int) -> int:
+        return rtml.get(self.target.incr.remote(by))
+
+
+@rtml.remote
+class BrokenInit:
+    def __init__(self) -> None:
+        raise ValueError("constructor exploded: code 7731")
+
+    def method(self) -> int:
+        return 1
+
+
+@rtml.remote
+def bump_via_handle(counter, times: int) -> int:
+    last = 0
+    for _ in range(times):
+        last = rtml.get(counter.incr.remote())
+    return last
+
+
+def _overlapping(spans: list[tuple[float, float]]) -> int:
+    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
+    running = peak = 0
+    for _, delta in events:
+        running += delta
+        peak = max(peak, running)
+    return peak
+
+
+def test_actor_calls_run_in_order() -> None:
+    c = Counter.remote()
+    assert isinstance(c, rtml.ActorHandle)
+    refs = [c.incr.remote() for _ in range(30)]
+    assert rtml.get(refs, timeout=60) == list(range(1, 31))
+    assert rtml.get(c.get.remote()) == 30
+
+
+def test_actor_constructor_args_and_own_process() -> None:
+    c = Counter.remote(100)
+    assert rtml.get(c.incr.remote(5), timeout=60) == 105
+    assert rtml.get(c.pid.remote()) != os.getpid()
+    actor_id = rtml.get(c.actor_id.remote())
+    assert isinstance(actor_id, str) and actor_id
+
+
+def test_method_options_num_returns() -> None:
+    c = Counter.remote(3)
+    a, b = c.pair.options(num_returns=2).remote()
+    assert rtml.get([a, b], timeout=60) == [3, -3]
+
+
+def test_method_error_is_task_error_and_actor_survives() -> None:
+    c = Counter.remote()
+    rtml.get(c.incr.remote(), timeout=60)
+    with pytest.raises(KeyError) as info:
+        rtml.get(c.fail.remote("bad key 55"))
+    assert isinstance(info.value, TaskError)
+    assert "bad key 55" in str(info.value)
+    assert rtml.get(c.incr.remote()) == 2
+
+
+def test_handle_passed_to_task() -> None:
+    c = Counter.remote()
+    assert rtml.get(bump_via_handle.remote(c, 5), timeout=60) == 5
+    assert rtml.get(c.get.remote()) == 5
+
+
+def test_handle_passed_to_another_actor() -> None:
+    c = Counter.remote()
+    relay = Relay.remote(c)
+    assert rtml.get(relay.forward.remote(10), timeout=60) == 10
+    assert rtml.get(relay.forward.remote(5)) == 15
+    assert rtml.get(c.get.remote()) == 15
+
+
+def test_sync_actor_runs_one_call_at_a_time() -> None:
+    s = Sleeper.remote()
+    assert rtml.get(s.ping.remote(), timeout=60) == "pong"
+    spans = rtml.get([s.nap.remote(0.2) for _ in range(3)], timeout=30)
+    assert _overlapping(spans) == 1, spans
+
+
+def test_threaded_actor_runs_calls_concurrently() -> None:
+    s = Sleeper.options(max_concurrency=4).remote()
+    assert rtml.get(s.ping.remote(), timeout=60) == "pong"
+    t0 = time.monotonic()
+    spans = rtml.get([s.nap.remote(0.5) for _ in range(4)], timeout=30)
+    elapsed = time.monotonic() - t0
+    assert elapsed < 1.5, f"4 x 0.5 s calls took {elapsed:.2f} s on max_concurrency=4"
+    assert _overlapping(spans) >= 2, spans
+
+
+def test_async_actor_overlaps_sleeps() -> None:
+    s = AsyncSleeper.remote()
+    assert rtml.get(s.ping.remote(), timeout=60) == "pong"
+    t0 = time.monotonic()
+    spans = rtml.get([s.nap.remote(0.5) for _ in range(4)], timeout=30)
+    elapsed = time.monotonic() - t0
+    assert elapsed < 1.5, f"4 x 0.5 s async calls took {elapsed:.2f} s"
+    assert _overlapping(spans) == 4, spans
+
+
+def test_named_actor_and_get_actor() -> None:
+    name = f"counter-{uuid.uuid4().hex[:8]}"
+    c = Counter.options(name=name).remote(7)
+    assert rtml.get(c.get.remote(), timeout=60) == 7
+    same = rtml.get_actor(name)
+    assert isinstance(same, rtml.ActorHandle)
+    assert rtml.get(same.incr.remote()) == 8
+    assert rtml.get(c.get.remote()) == 8
+
+
+def test_get_actor_of_unknown_name_is_value_error() -> None:
+    with pytest.raises(ValueError):
+        rtml.get_actor(f"no-such-actor-{uuid.uuid4().hex[:8]}")
+
+
+def test_get_if_exists_returns_the_existing_actor() -> None:
+    name = f"gie-{uuid.uuid4().hex[:8]}"
+    a = Counter.options(name=name, get_if_exists=True).remote(1)
+    assert rtml.get(a.incr.remote(), timeout=60) == 2
+    b = Counter.options(name=name, get_if_exists=True).remote(1000)
+    assert rtml.get(b.incr.remote(), timeout=60) == 3
+
+
+def test_detached_lifetime_is_accepted() -> None:
+    name = f"detached-{uuid.uuid4().hex[:8]}"
+    d = Counter.options(name=name, lifetime="detached").remote(1)
+    assert rtml.get(d.incr.remote(), timeout=60) == 2
+    assert rtml.get(rtml.get_actor(name).get.remote()) == 2
+    rtml.kill(d)
+
+
+def test_kill_makes_later_calls_raise_actor_died_error() -> None:
+    c = Counter.remote()
+    assert rtml.get(c.incr.remote(), timeout=60) == 1
+    rtml.kill(c)
+    t0 = time.monotonic()
+    with pytest.raises(ActorDiedError):
+        rtml.get(c.incr.remote(), timeout=10)
+    assert time.monotonic() - t0 < 2.0
+
+
+def test_kill_named_actor_removes_the_name() -> None:
+    name = f"killed-{uuid.uuid4().hex[:8]}"
+    c = Counter.options(name=name).remote()
+    rtml.get(c.incr.remote(), timeout=60)
+    rtml.kill(c)
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            rtml.get_actor(name)
+        except ValueError:
+            break
+        assert time.monotonic() < deadline, "killed actor's name still resolves"
+        time.sleep(0.1)
+
+
+def test_constructor_error_fails_method_calls_with_its_message() -> None:
+    b = BrokenInit.remote()
+    with pytest.raises(ActorDiedError) as info:
+        rtml.get(b.method.remote(), timeout=60)
+    assert "constructor exploded: code 7731" in str(info.value)
+    with pytest.raises(ActorDiedError) as info:
+        rtml.get(b.method.remote(), timeout=30)
+    assert "constructor exploded: code 7731" in str(info.value)
+
+
+def test_max_restarts_restarts_with_state_reset() -> None:
+    c = Counter.options(max_restarts=1).remote(10)
+    assert rtml.get(c.incr.remote(), timeout=60) == 11
+    first_pid = rtml.get(c.pid.remote())
+    with pytest.raises(ActorDiedError):
+        rtml.get(c.crash.remote(), timeout=30)
+    assert rtml.get(c.incr.remote(), timeout=60) == 11  # constructor ran again
+    assert rtml.get(c.pid.remote()) != first_pid
+
+
+def test_actor_without_restarts_dies_for_good() -> None:
+    c = Counter.remote()
+    rtml.get(c.incr.remote(), timeout=60)
+    with pytest.raises(ActorDiedError):
+        rtml.get(c.crash.remote(), timeout=30)
+    with pytest.raises(ActorDiedError):
+        rtml.get(c.incr.remote(), timeout=30)
+
+
+def test_direct_instantiation_is_type_error() -> None:
+    with pytest.raises(TypeError, match=r"\.remote\("):
+        Counter()
