@@ -15,7 +15,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from rtml.config import HeadConfig, NodeConfig
+from rtml.config import TOKEN_ENV, HeadConfig, NodeConfig
 from rtml.control_plane import RedisProcess, start_redis
 from rtml.exceptions import RtmlSystemError
 from rtml.session import Session
@@ -59,10 +59,11 @@ def _terminate(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
 
 
 def spawn_daemon(module: str, config_json: str, session: Session, name: str,
-                 die_with_parent: bool) -> tuple[subprocess.Popen[bytes], str]:
+                 die_with_parent: bool, token: str) -> tuple[subprocess.Popen[bytes], str]:
     """Start ``python -m module`` and wait for its readiness line. Raises RtmlSystemError."""
     read_fd, write_fd = os.pipe()
     env = dict(os.environ, RTML_DIE_WITH_PARENT="1" if die_with_parent else "0")
+    env[TOKEN_ENV] = token
     with open(session.log_file(f"{name}-out"), "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", module, config_json, str(write_fd)],
                                 pass_fds=(write_fd,), stdin=subprocess.DEVNULL, stdout=out,
@@ -104,7 +105,7 @@ def start_head_node(session: Session, token: str, node: NodeConfig, *, port: int
     try:
         head_cfg = HeadConfig(str(session.root), token, redis.host, redis.port, host, port)
         head_proc, head_address = spawn_daemon("rtml.scheduler.head", head_cfg.to_json(),
-                                               session, "head", die_with_parent)
+                                               session, "head", die_with_parent, token)
         started.procs.append(head_proc)
         started.head_address = head_address
         _start_node_manager(started, node, head_address, die_with_parent)
@@ -129,6 +130,6 @@ def _start_node_manager(started: StartedNode, node: NodeConfig, head_address: st
     cfg = NodeConfig(**{**node.__dict__, "head_address": head_address,
                         "session_dir": str(started.session.root)})
     proc, info = spawn_daemon("rtml.scheduler.node_manager", cfg.to_json(), started.session,
-                              "node_manager", die_with_parent)
+                              "node_manager", die_with_parent, node.token)
     started.procs.append(proc)
     started.node_id, started.nm_address = info.split(" ", 1)

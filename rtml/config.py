@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 INLINE_MAX = 100 * 1024
 """Values up to this many bytes travel inline and live in the owner's memory."""
 
+TOKEN_ENV = "RTML_CLUSTER_TOKEN"
+"""Children get the cluster token in their environment, never on their command line."""
+
 HEARTBEAT_INTERVAL = 0.5
 LEASE_IDLE_TIMEOUT = 0.05
 """Seconds a leased worker may sit idle before the owner hands it back."""
@@ -49,11 +52,12 @@ class NodeConfig:
         return total
 
     def to_json(self) -> str:
-        return json.dumps(self.__dict__)
+        """The config without its token (which travels in ``TOKEN_ENV``)."""
+        return json.dumps({**self.__dict__, "token": ""})
 
     @classmethod
     def from_json(cls, text: str) -> NodeConfig:
-        return cls(**json.loads(text))
+        return cls(**{**json.loads(text), "token": os.environ[TOKEN_ENV]})
 
 
 @dataclass(frozen=True)
@@ -68,11 +72,12 @@ class HeadConfig:
     port: int = 0
 
     def to_json(self) -> str:
-        return json.dumps(self.__dict__)
+        """The config without its token (which travels in ``TOKEN_ENV``)."""
+        return json.dumps({**self.__dict__, "token": ""})
 
     @classmethod
     def from_json(cls, text: str) -> HeadConfig:
-        return cls(**json.loads(text))
+        return cls(**{**json.loads(text), "token": os.environ[TOKEN_ENV]})
 
 
 def parse_resources(text: str | None) -> dict[str, float]:

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rtml.config import TOKEN_ENV
 from rtml.core import context
 from rtml.core.executor import Executor
 from rtml.core.runtime import ClientConfig, ClientRuntime
@@ -72,7 +73,7 @@ def main(argv: list[str]) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    rt = ClientRuntime(ClientConfig(role="worker", token=cfg["token"],
+    rt = ClientRuntime(ClientConfig(role="worker", token=os.environ[TOKEN_ENV],
                                     nm_address=cfg["nm_address"],
                                     head_address=cfg["head_address"],
                                     session_dir=cfg["session_dir"], client_id=worker_id))

@@ -87,6 +87,7 @@ class HeadService(Service):
             if job_peer is peer:
                 del self.jobs[job_id]
                 self.plane.finish_job(job_id)
+                self.plane.put_job(job_id, {"status": "FINISHED", "end_ts": time.time()})
                 self._end_job(job_id)
 
     def _end_job(self, job_id: bytes) -> None:

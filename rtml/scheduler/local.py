@@ -173,9 +173,11 @@ class LocalScheduler:
                 self.actor_shapes[actor.actor_id] = actor.hold_shape
                 commands.append(StartActor(actor.actor_id))
         waiting = 0
+        room = dict(self.available)  # what is left once waiting requests get workers
         for request in list(self.pending):
-            if not fits(request.shape, self.available):
+            if not fits(request.shape, room):
                 continue
+            subtract(room, request.shape)
             if not self.idle:
                 waiting += 1
                 continue

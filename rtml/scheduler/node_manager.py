@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rtml import objectstore as ostore
-from rtml.config import HEARTBEAT_INTERVAL, NodeConfig
+from rtml.config import HEARTBEAT_INTERVAL, TOKEN_ENV, NodeConfig
 from rtml.daemon import FramedClient, die_with_parent, report_ready, setup_logging
 from rtml.ids import random_id
 from rtml.rpc import messages as m
@@ -240,13 +240,14 @@ class NodeManager(Service):
     def _spawn(self, actor_id: bytes) -> None:
         worker_id = random_id()
         config = json.dumps({
-            "session_dir": str(self.session.root), "token": self.token,
+            "session_dir": str(self.session.root),
             "nm_address": f"unix:{self.unix_path}", "head_address": self.cfg.head_address,
             "worker_id": worker_id.hex()})
         log_path = self.session.log_file(f"worker-{worker_id.hex()[:12]}-out")
         with open(log_path, "ab") as out:
             proc = subprocess.Popen([sys.executable, "-m", "rtml.core.worker_main", config],
                                     stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                    env={**os.environ, TOKEN_ENV: self.token},
                                     preexec_fn=die_with_parent)
         worker = WorkerProc(worker_id, proc, actor_id)
         self.workers[worker_id] = worker
