@@ -235,7 +235,12 @@ def kill(actor: ActorHandle, *, no_restart: bool = True) -> None:
     """Kill an actor; its pending and later calls raise ActorDiedError."""
     if not isinstance(actor, ActorHandle):
         raise TypeError(f"kill() takes an ActorHandle, got {type(actor).__name__}")
-    context.require_runtime().head.send(m.KillActor(actor._actor_id, no_restart))
+    rt = context.require_runtime()
+    rt.head.send(m.KillActor(actor._actor_id, no_restart))
+    if no_restart:
+        with rt.lock:
+            rt.caller(actor._actor_id, actor._max_task_retries).dead_error = (
+                "it was killed with rtml.kill()")
 
 
 def get_actor(name: str, namespace: str | None = None) -> ActorHandle:
