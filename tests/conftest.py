@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import glob
 import os
+import sys
 import time
+from pathlib import Path
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -27,6 +29,12 @@ import pytest
 
 SHM_GLOB = "/dev/shm/rtml-*"
 EXIT_GRACE_S = 3.0
+
+# The integration modules define their remote functions at module level; workers import them
+# by name, finding them through the driver's sys.path[0] (API.md). Under pytest sys.path[0] is
+# whichever test directory was collected last, so the drivers here put the integration
+# directory first, as ``python tests/integration/script.py`` would.
+INTEGRATION_DIR = str(Path(__file__).parent / "integration")
 
 _shm_at_start: set[str] = set()
 _store_namespaces: set[str] = set()  # object-store namespaces of every node this run started
@@ -97,9 +105,15 @@ def _shutdown() -> None:
         rtml.shutdown()
 
 
+def _driver_sys_path() -> None:
+    if sys.path[0] != INTEGRATION_DIR:
+        sys.path.insert(0, INTEGRATION_DIR)
+
+
 def _ensure_default_cluster() -> None:
     import rtml
     if not rtml.is_initialized():
+        _driver_sys_path()
         rtml.init(num_cpus=2)
         record_nodes()
 
@@ -147,6 +161,7 @@ def start_cluster() -> Iterator[Callable[..., Any]]:
 
     def start(**kwargs: Any) -> Any:
         _shutdown()
+        _driver_sys_path()
         ctx = rtml.init(**kwargs)
         record_nodes()
         return ctx
