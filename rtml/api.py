@@ -98,7 +98,7 @@ def _join_info(address: str, token: str | None) -> tuple[Session, str, str, str]
 def _connect(session: Session, head_address: str, nm_address: str, token: str,
              namespace: str) -> ClientRuntime:
     job_id = new_job_id()
-    paths = [os.getcwd()] + ([sys.path[0]] if sys.path and sys.path[0] else [])
+    paths = [os.getcwd(), *_project_paths()]
     rt = ClientRuntime(ClientConfig("driver", token, nm_address, head_address,
                                     str(session.root), job_id, namespace=namespace,
                                     sys_paths=tuple(dict.fromkeys(paths))))
@@ -110,6 +110,22 @@ def _connect(session: Session, head_address: str, nm_address: str, token: str,
         raise
     rt.head.send(m.RegisterJob(job_id, os.getpid(), namespace, os.getcwd()))
     return rt
+
+
+def _project_paths() -> list[str]:
+    """The driver's import paths that are not the interpreter's own (stdlib, site-packages).
+
+    A superset of Ray's rule (the script directory, ``sys.path[0]``): workers can
+    import every module of the driver's project, wherever a test runner put it.
+    """
+    own = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    paths = []
+    for path in sys.path:
+        real = os.path.realpath(path or os.getcwd())
+        if os.path.isdir(real) and not any(real.startswith(p + os.sep) or real == p
+                                           for p in own) and "site-packages" not in real:
+            paths.append(real)
+    return paths
 
 
 def _stop_embedded() -> None:

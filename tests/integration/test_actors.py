@@ -216,6 +216,20 @@ def test_kill_makes_later_calls_raise_actor_died_error() -> None:
     assert time.monotonic() - t0 < 2.0
 
 
+def test_kill_fails_in_flight_and_queued_calls() -> None:
+    s = Sleeper.remote()
+    assert rtml.get(s.ping.remote(), timeout=60) == "pong"
+    running = s.nap.remote(30)
+    queued = s.nap.remote(30)
+    time.sleep(0.3)
+    rtml.kill(s)
+    t0 = time.monotonic()
+    for ref in (running, queued):
+        with pytest.raises(ActorDiedError):
+            rtml.get(ref, timeout=10)
+    assert time.monotonic() - t0 < 5.0
+
+
 def test_kill_named_actor_removes_the_name() -> None:
     name = f"killed-{uuid.uuid4().hex[:8]}"
     c = Counter.options(name=name).remote()
