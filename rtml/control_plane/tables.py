@@ -324,6 +324,26 @@ class ControlPlane:
         pipe.execute()
 
     @_redis_errors
+    def write_objects(self, puts: dict[bytes, dict[str, Any]], removes: list[bytes]) -> None:
+        """Merge ``puts`` into their records and forget ``removes``, in one round trip.
+
+        An id should not be in both; if it is, the removal is applied last.
+        """
+        if not puts and not removes:
+            return
+        pipe = self._client.pipeline(transaction=False)
+        for object_id, info in puts.items():
+            hex_id = object_id.hex()
+            pipe.hset(self.keys.object(hex_id),
+                      mapping=_pack({**info, "object_id": hex_id}))  # type: ignore[arg-type]
+            pipe.sadd(self.keys.objects, hex_id)
+        if removes:
+            hex_ids = [oid.hex() for oid in removes]
+            pipe.delete(*[self.keys.object(h) for h in hex_ids])
+            pipe.srem(self.keys.objects, *hex_ids)
+        pipe.execute()
+
+    @_redis_errors
     def list_objects(self, limit: int = 10000) -> list[dict[str, Any]]:
         """Up to ``limit`` object records, in no particular order."""
         hex_ids: list[str] = []

@@ -7,6 +7,8 @@
     head service <--tcp/unix-- RegisterNode, NodeHeartbeat (resources, pending demand),
                                StartActor -> dedicated worker -> ActorStarted
     worker exit (pidfd) -> lease freed, holds dropped, pool refilled, head told
+    seal/spill/restore/delete -> ObjectTableBatch --each heartbeat tick, one pipelined
+                                 call in a thread--> control plane objects table
 
 Run as ``python -m rtml.scheduler.node_manager CONFIG_JSON READY_FD``.
 """
@@ -27,6 +29,7 @@ from typing import Any
 
 from rtml import objectstore as ostore
 from rtml.config import HEARTBEAT_INTERVAL, TOKEN_ENV, NodeConfig
+from rtml.control_plane import ControlPlane
 from rtml.daemon import FramedClient, die_with_parent, report_ready, setup_logging
 from rtml.ids import random_id
 from rtml.rpc import messages as m
@@ -46,6 +49,55 @@ class WorkerProc:
     peer: Peer | None = None
     address: str = ""
     gone: bool = False
+
+
+class ObjectTableBatch:
+    """Object-table changes waiting for the next flush to the control plane.
+
+    Sans-I/O: the node manager notes seals, state changes and deletes as they
+    happen (a dict update each) and drains a batch once per heartbeat tick.
+    ``recorded`` is every id written or about to be written, so a state change
+    of an object that was deleted meanwhile cannot resurrect a partial record.
+    """
+
+    def __init__(self, node_id: bytes) -> None:
+        self.node_id = node_id
+        self.puts: dict[bytes, dict[str, Any]] = {}
+        self.removes: set[bytes] = set()
+        self.recorded: set[bytes] = set()
+
+    def sealed(self, object_id: bytes, size: int, owner: bytes) -> None:
+        """A new object was sealed here; ``owner`` is its first holder (a hint)."""
+        self.removes.discard(object_id)
+        self.recorded.add(object_id)
+        self.puts[object_id] = {"node_id": self.node_id, "locations": [self.node_id],
+                                "size": size, "state": "SEALED", "owner": owner}
+
+    def state_changed(self, object_id: bytes, state: str) -> None:
+        """The object moved between shared memory (SEALED) and disk (SPILLED)."""
+        if object_id in self.recorded:
+            self.puts.setdefault(object_id, {})["state"] = state
+
+    def deleted(self, object_id: bytes) -> None:
+        if object_id in self.recorded:
+            self.recorded.discard(object_id)
+            self.puts.pop(object_id, None)
+            self.removes.add(object_id)
+
+    def drain(self) -> tuple[dict[bytes, dict[str, Any]], list[bytes]]:
+        """The pending (puts, removes), now owned by the caller."""
+        puts, removes = self.puts, list(self.removes)
+        self.puts, self.removes = {}, set()
+        return puts, removes
+
+    def requeue(self, puts: dict[bytes, dict[str, Any]], removes: list[bytes]) -> None:
+        """Put back a batch whose write failed, under any newer change."""
+        for object_id, info in puts.items():
+            if object_id in self.recorded:
+                self.puts[object_id] = {**info, **self.puts.get(object_id, {})}
+        for object_id in removes:
+            if object_id not in self.recorded:
+                self.removes.add(object_id)
 
 
 @dataclass
@@ -72,6 +124,8 @@ class NodeManager(Service):
         self._collect_scheduled = False
         self.unix_path = str(self.session.sockets / "nm.sock")
         self.stopped = asyncio.Event()
+        self.objects = ObjectTableBatch(self.node_id)
+        self.plane: ControlPlane | None = None
 
     def _pool_size(self) -> int:
         if self.cfg.prestart_workers >= 0:
@@ -87,6 +141,8 @@ class NodeManager(Service):
         hello = make_hello(self.token, "node", self.node_id)
         self.head, reply = await FramedClient.connect(self.cfg.head_address, hello)
         self.redis_info = reply.info
+        self.plane = ControlPlane(reply.info["redis_host"], int(reply.info["redis_port"]),
+                                  self.token)
         self.head.send(m.RegisterNode(self.node_id, f"unix:{self.unix_path}", self.unix_path,
                                       self.sched.total, str(self.session.root)))
         self._tasks = [asyncio.create_task(self._heartbeat()),
@@ -97,7 +153,20 @@ class NodeManager(Service):
         while True:
             self.head.send(m.NodeHeartbeat(self.node_id, dict(self.sched.available),
                                            self.sched.pending_shapes()))
+            await self._flush_objects()
             await asyncio.sleep(HEARTBEAT_INTERVAL)
+
+    async def _flush_objects(self) -> None:
+        """Write this tick's object-table changes: one pipelined call, in a thread."""
+        puts, removes = self.objects.drain()
+        if self.plane is None or (not puts and not removes):
+            return
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                None, self.plane.write_objects, puts, removes)
+        except Exception as exc:  # RtmlSystemError: Redis is down; retry next tick
+            log.warning("object table update failed (%s); retrying next heartbeat", exc)
+            self.objects.requeue(puts, removes)
 
     async def _head_loop(self) -> None:
         try:
@@ -183,7 +252,11 @@ class NodeManager(Service):
                                           msg.error))
 
     def _seal(self, peer: Peer, client: Client, msg: m.SealObject) -> None:
-        self._store(self.store.seal(msg.object_id, msg.size, msg.holder))
+        new = not self.store.contains(msg.object_id)
+        commands = self.store.seal(msg.object_id, msg.size, msg.holder)
+        if new:
+            self.objects.sealed(msg.object_id, msg.size, msg.holder)
+        self._store(commands)
 
     def _add_holds(self, peer: Peer, client: Client, msg: m.AddHolds) -> None:
         self._store(self.store.add_holds(msg.object_ids, msg.holder))
@@ -334,6 +407,8 @@ class NodeManager(Service):
         except OSError as exc:
             log.error("spilling %s failed: %s", object_id.hex(), exc)
             self._store(self.store.lost(object_id, f"spill failed: {exc}"))
+            return
+        self.objects.state_changed(object_id, "SPILLED")
 
     def _restore(self, object_id: bytes) -> None:
         try:
@@ -343,9 +418,11 @@ class NodeManager(Service):
             log.error("restoring %s failed: %s", object_id.hex(), exc)
             self._store(self.store.lost(object_id, f"restore failed: {exc}"))
             return
+        self.objects.state_changed(object_id, "SEALED")
         self._store(self.store.restored(object_id))
 
     def _delete(self, object_id: bytes, spilled: bool) -> None:
+        self.objects.deleted(object_id)
         for path in (self._segment(object_id), self._spill_file(object_id)):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
@@ -363,6 +440,18 @@ class NodeManager(Service):
             path.unlink(missing_ok=True)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.unix_path)
+        self._forget_objects()
+
+    def _forget_objects(self) -> None:
+        """Best effort: drop this node's objects from the control plane; they died with it."""
+        if self.plane is None:
+            return
+        gone = list(self.objects.recorded | self.objects.removes)
+        try:
+            self.plane.write_objects({}, gone)
+        except Exception as exc:  # Redis may already be stopped with the cluster
+            log.info("could not remove %d object record(s) at shutdown: %s", len(gone), exc)
+        self.plane.close()
 
 
 async def serve(cfg: NodeConfig, ready_fd: int) -> None:
