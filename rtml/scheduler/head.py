@@ -4,9 +4,12 @@
     drivers --CreateActor--> pick a node that fits --StartActor--> node manager
                              <--ActorStarted / ActorWorkerDied-- restart or mark DEAD
     callers --GetActorInfo--> answered when the actor is ALIVE (at a new address) or DEAD
-    driver disconnects --> its job ends; its non-detached actors are killed
+    driver disconnects --> its job ends; its non-detached actors are killed; its tasks
+                           still PENDING are recorded FAILED (in a thread, at job end only)
 
-Every state change is written to the control plane (Redis).
+Every state change is written to the control plane (Redis). Timeline events (NodeRegistered,
+NodeDied, JobStarted, JobFinished, ActorStateChanged) go through a BatchedWriter that
+flushes every EVENT_FLUSH_INTERVAL s, so a burst of them is one pipelined call.
 Run as ``python -m rtml.scheduler.head CONFIG_JSON READY_FD``.
 """
 
@@ -24,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from rtml.config import HeadConfig
-from rtml.control_plane import ControlPlane
+from rtml.control_plane import BatchedWriter, ControlPlane
 from rtml.daemon import die_with_parent, report_ready, setup_logging
 from rtml.rpc import messages as m
 from rtml.rpc.server import Peer, Service, protocol_factory
@@ -32,6 +35,9 @@ from rtml.scheduler.resources import fits
 from rtml.session import Session
 
 log = logging.getLogger(__name__)
+
+EVENT_FLUSH_INTERVAL = 0.1
+DRIVER_EXITED = "the driver exited"
 
 
 @dataclass
@@ -61,6 +67,8 @@ class HeadService(Service):
         self.cfg = cfg
         self.token = cfg.token
         self.plane = ControlPlane(cfg.redis_host, cfg.redis_port, cfg.token)
+        self.events = BatchedWriter(self.plane, interval=EVENT_FLUSH_INTERVAL)
+        self.background: set[asyncio.Future[None]] = set()
         self.nodes: dict[bytes, NodeState] = {}
         self.actors: dict[bytes, ActorState] = {}
         self.pending_actors: list[bytes] = []
@@ -80,14 +88,17 @@ class HeadService(Service):
 
     def on_disconnect(self, peer: Peer) -> None:
         for node in self.nodes.values():
-            if node.peer is peer:
+            if node.peer is peer and node.alive:
                 node.alive = False
                 self.plane.mark_node_dead(node.node_id)
+                self._event("NodeDied", node_id=node.node_id,
+                            reason="its connection to the head closed")
         for job_id, job_peer in list(self.jobs.items()):
             if job_peer is peer:
                 del self.jobs[job_id]
                 self.plane.finish_job(job_id)
                 self.plane.put_job(job_id, {"status": "FINISHED", "end_ts": time.time()})
+                self._event("JobFinished", job_id=job_id)
                 self._end_job(job_id)
 
     def _end_job(self, job_id: bytes) -> None:
@@ -95,6 +106,17 @@ class HeadService(Service):
             if actor.spec.job_id == job_id and not actor.spec.detached \
                     and actor.state != "DEAD":
                 self._kill(actor, "its driver exited")
+        self._in_thread(fail_pending_tasks, self.plane, job_id)
+
+    def _in_thread(self, fn: Any, *args: Any) -> None:
+        """Run blocking control-plane work off the event loop; keep the future owned."""
+        future = asyncio.get_running_loop().run_in_executor(None, fn, *args)
+        self.background.add(future)
+        future.add_done_callback(self.background.discard)
+
+    def _event(self, kind: str, **fields: Any) -> None:
+        """Queue a timeline event; the writer's thread appends it within ~0.1 s."""
+        self.events.submit_event({"kind": kind, "ts": time.time(), **fields})
 
     # -- nodes and jobs ----------------------------------------------------------------------
 
@@ -104,6 +126,8 @@ class HeadService(Service):
         self.plane.put_node(msg.node_id, {"address": msg.address, "resources": msg.resources,
                                           "session_dir": msg.session_dir, "alive": True,
                                           "start_ts": time.time()})
+        self._event("NodeRegistered", node_id=msg.node_id, address=msg.address,
+                    resources=msg.resources)
         self._place_pending()
 
     def _heartbeat(self, peer: Peer, msg: m.NodeHeartbeat) -> None:
@@ -117,6 +141,7 @@ class HeadService(Service):
         self.plane.put_job(msg.job_id, {"pid": msg.pid, "namespace": msg.namespace,
                                         "cwd": msg.cwd, "start_ts": time.time(),
                                         "status": "RUNNING"})
+        self._event("JobStarted", job_id=msg.job_id, pid=msg.pid, namespace=msg.namespace)
 
     def _cluster_info(self, peer: Peer, msg: m.GetClusterInfo) -> None:
         nodes: list[dict[str, object]] = [
@@ -252,6 +277,12 @@ class HeadService(Service):
 
     def _record(self, actor: ActorState) -> None:
         spec = actor.spec
+        reason = actor.error if actor.state == "DEAD" else ""
+        if actor.state == "RESTARTING":
+            reason = f"restart {actor.restarts} of {spec.max_restarts}"
+        self._event("ActorStateChanged", actor_id=spec.actor_id, job_id=spec.job_id,
+                    class_name=spec.class_name, name=spec.name, state=actor.state,
+                    node_id=actor.node_id, reason=reason)
         self.plane.put_actor(spec.actor_id, {
             "actor_id": spec.actor_id.hex(), "class_name": spec.class_name,
             "state": actor.state, "name": spec.name, "namespace": spec.namespace,
@@ -266,6 +297,21 @@ class HeadService(Service):
         m.ActorWorkerDied: _actor_died, m.KillActor: _kill_actor,
         m.GetActorInfo: _get_actor,
     }
+
+
+def fail_pending_tasks(plane: ControlPlane, job_id: bytes) -> None:
+    """Record the job's tasks still PENDING as FAILED: their driver (owner) has exited.
+
+    Runs once per job end, in a thread. Errors are logged, not raised.
+    """
+    try:
+        pending = plane.list_tasks({"job_id": job_id.hex(), "status": "PENDING"})
+        now = time.time()
+        plane.write_task_records([
+            {"task_id": bytes.fromhex(task["task_id"]), "status": "FAILED",
+             "error": DRIVER_EXITED, "end_ts": now} for task in pending])
+    except Exception:
+        log.exception("could not mark the pending tasks of job %s failed", job_id.hex())
 
 
 async def serve(cfg: HeadConfig, ready_fd: int) -> None:
@@ -283,6 +329,9 @@ async def serve(cfg: HeadConfig, ready_fd: int) -> None:
             if node.alive:
                 node.peer.send(m.Shutdown())
         server.close()
+        if head.background:
+            await asyncio.wait(head.background, timeout=5.0)
+        head.events.close()
         head.plane.close()
 
 
