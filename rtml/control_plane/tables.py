@@ -47,6 +47,20 @@ end
 return 0
 """
 
+# One call writes a whole batch of task records, so the client packs one command, not
+# two per task. ARGV: key prefix, then per task: id, submit_ts ("" if none), field
+# count, field, value, field, value, ...
+_WRITE_TASKS = """
+local i, n = 2, #ARGV
+while i <= n do
+  local id, ts, count = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
+  redis.call('HSET', ARGV[1] .. id, unpack(ARGV, i + 3, i + 2 + 2 * count))
+  if ts ~= '' then redis.call('ZADD', KEYS[1], ts, id) end
+  i = i + 3 + 2 * count
+end
+return 0
+"""
+
 # Transient connection errors are retried briefly (2 ms doubling, ~0.25 s in all); callers
 # own longer outages. A wrong password is never retried: it will not get better.
 _RETRIES = 7
@@ -135,6 +149,7 @@ class ControlPlane:
                                                                          _BACKOFF_BASE),
                                                       _RETRIES))
         self._delete_if_equal = self._client.register_script(_DELETE_IF_EQUAL)
+        self._write_tasks = self._client.register_script(_WRITE_TASKS)
 
     def __repr__(self) -> str:
         return f"ControlPlane({self.host}:{self.port}, namespace={self.keys.namespace!r})"
@@ -259,19 +274,20 @@ class ControlPlane:
 
     @_redis_errors
     def write_task_records(self, records: list[dict[str, Any]]) -> None:
-        """Merge task records (each with a ``task_id``) into their hashes, one round trip."""
+        """Merge task records (each with a ``task_id``) into their hashes, one round trip.
+
+        A record with ``submit_ts`` also indexes the task in the ``tasks`` sorted set.
+        """
         if not records:
             return
-        pipe = self._client.pipeline(transaction=False)
+        args: list[Any] = [self.keys.task("")]
         for record in records:
-            hex_id = record["task_id"].hex()
-            pipe.hset(self.keys.task(hex_id), mapping=_pack(record))  # type: ignore[arg-type]
             submit_ts = record.get("submit_ts")
-            if submit_ts is not None:
-                pipe.zadd(self.keys.tasks, {hex_id: submit_ts})
-            else:  # keep it listable; a later record with submit_ts sets the real score
-                pipe.zadd(self.keys.tasks, {hex_id: time.time()}, nx=True)
-        pipe.execute()
+            args += (record["task_id"].hex(), "" if submit_ts is None else submit_ts,
+                     len(record))
+            for key, value in record.items():
+                args += (key, _encoder.encode(value))
+        self._write_tasks(keys=[self.keys.tasks], args=args)
 
     @_redis_errors
     def list_tasks(self, filters: dict[str, str] | None = None,
