@@ -20,8 +20,8 @@ import glob
 import os
 import sys
 import time
-from pathlib import Path
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psutil

@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 
 REFOPS_BATCH = 64
 """Reference-count changes queued before the I/O thread is woken to apply them."""
+REFOPS_DELAY = 0.02
+"""Seconds within which a dropped reference is applied even if the process goes idle."""
 
 
 @dataclass(frozen=True)
@@ -81,11 +83,12 @@ class ClientRuntime:
         self.lock = threading.RLock()
         self.store = MemoryStore()
         self.submitter = TaskSubmitter(self)
-        self.reactor = Reactor(f"rtml-{config.role}-io")
+        self.reactor = Reactor(f"rtml-{config.role}-io", cork=True)
         self._req_ids = itertools.count(1)
         self._replies: dict[int, Callable[[Any], None]] = {}
         self._refops: deque[tuple[bytes, int]] = deque()
         self._refops_scheduled = False
+        self._refops_timer = False
         self._ref_lock = threading.Lock()
         self._counts: dict[bytes, int] = {}
         self._borrowed: set[bytes] = set()
@@ -194,6 +197,13 @@ class ClientRuntime:
         if len(self._refops) >= REFOPS_BATCH and not self._refops_scheduled:
             self._refops_scheduled = True
             self.reactor.call_soon(self.process_refops)
+        elif not self._refops_timer:  # an idle process still frees within REFOPS_DELAY
+            self._refops_timer = True
+            self.reactor.call_later(REFOPS_DELAY, self._refops_tick)
+
+    def _refops_tick(self) -> None:
+        self._refops_timer = False
+        self.process_refops()
 
     def borrowed(self, ref: ObjectRef) -> None:
         """An ObjectRef was unpickled here: hold its object while we reference it."""

@@ -106,8 +106,12 @@ class TaskSubmitter:
 
     def _push(self, worker: LeasedWorker, record: TaskRecord) -> None:
         record.worker = worker
+        busy = bool(worker.inflight)
         worker.inflight[record.spec.task_id] = record
-        worker.conn.send(m.PushTask(record.spec))
+        if busy:  # pipelined behind other tasks: coalesce with the rest of the burst
+            worker.conn.send_soon(m.PushTask(record.spec))
+        else:
+            worker.conn.send(m.PushTask(record.spec))
 
     # -- leases (reactor thread) -------------------------------------------------------------
 
