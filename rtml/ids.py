@@ -46,7 +46,7 @@ def object_id_for(task_id: TaskID, index: int) -> ObjectID:
     return ObjectID(task_id + _INDEX.pack(index))
 
 
-def task_of(object_id: ObjectID) -> TaskID:
+def task_of(object_id: bytes) -> TaskID:
     """The id of the task that created ``object_id``."""
     return TaskID(object_id[:TASK_ID_SIZE])
 

@@ -22,7 +22,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -371,7 +371,7 @@ class ClientRuntime:
 
     def _value(self, ref: ObjectRef, deadline: float | None) -> Any:
         entry = self.store.get(ref.id)
-        if entry is not None and entry is not IN_STORE:
+        if isinstance(entry, m.Payload):
             value = from_payload(entry)
         else:
             value = self.read_shared(ref.id, ref.owner, deadline)
@@ -428,7 +428,10 @@ class ClientRuntime:
         req_id = self.next_request_id()
         self._replies[req_id] = lambda msg: callback(ref.id)
         self.nm.send(m.WaitObject(req_id, ref.id, ref.owner))
-        return lambda: self._replies.pop(req_id, None)
+        return lambda: self._forget_reply(req_id)
+
+    def _forget_reply(self, req_id: int) -> None:
+        self._replies.pop(req_id, None)
 
     def future(self, ref: ObjectRef) -> concurrent.futures.Future[Any]:
         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
@@ -534,6 +537,7 @@ class ClientRuntime:
                   payload: m.Payload | None = None) -> None:
         """Set every return of ``record`` to ``error`` (or an already-stored error)."""
         if payload is None:
+            assert error is not None, "fail_task needs an error or a stored error payload"
             payload = serialize(StoredError(error)).to_payload(is_error=True)
         callbacks: list[tuple[Callable[[bytes], Any], bytes]] = []
         for object_id in record.return_ids:
@@ -556,7 +560,7 @@ class ClientRuntime:
         self.process_refops()
         self._free_unreferenced(record.return_ids)
 
-    def _free_unreferenced(self, object_ids: list[bytes]) -> None:
+    def _free_unreferenced(self, object_ids: Sequence[bytes]) -> None:
         """Free results whose refs were all dropped before the task finished."""
         releases: list[bytes] = []
         holders: list[bytes] = []

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +44,7 @@ class TaskRecord:
     max_retries: int
     retry_exceptions: Any
     keep_alive: list[Any]  # ObjectRefs the arguments need until the task ends
-    return_ids: list[bytes]
+    return_ids: Sequence[bytes]
     has_contained: bool = False
     deps: int = 0
     cancelled: bool = False
