@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -58,26 +59,42 @@ def _terminate(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
             proc.wait()
 
 
-def spawn_daemon(module: str, config_json: str, session: Session, name: str,
-                 die_with_parent: bool, token: str) -> tuple[subprocess.Popen[bytes], str]:
-    """Start ``python -m module`` and wait for its readiness line. Raises RtmlSystemError."""
+@dataclass
+class Launched:
+    """A daemon started but not yet known to be ready."""
+
+    proc: subprocess.Popen[bytes]
+    ready_fd: int
+    name: str
+
+
+def launch_daemon(module: str, config_json: str, session: Session, name: str,
+                  die_with_parent: bool, token: str, pass_fds: tuple[int, ...] = ()) -> Launched:
+    """Start ``python -m module``; :func:`await_ready` then waits for its readiness line."""
     read_fd, write_fd = os.pipe()
     env = dict(os.environ, RTML_DIE_WITH_PARENT="1" if die_with_parent else "0")
     env[TOKEN_ENV] = token
     with open(session.log_file(f"{name}-out"), "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", module, config_json, str(write_fd)],
-                                pass_fds=(write_fd,), stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=out, env=env, start_new_session=not die_with_parent)
+                                pass_fds=(write_fd, *pass_fds), stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=out, env=env,
+                                start_new_session=not die_with_parent)
     os.close(write_fd)
+    return Launched(proc, read_fd, name)
+
+
+def await_ready(launched: Launched, session: Session) -> str:
+    """The daemon's readiness info. Raises RtmlSystemError if it failed to start."""
     try:
-        line = _read_line(read_fd, START_TIMEOUT)
+        line = _read_line(launched.ready_fd, START_TIMEOUT)
     finally:
-        os.close(read_fd)
+        os.close(launched.ready_fd)
     if not line.startswith("ok"):
-        _terminate(proc)
+        _terminate(launched.proc)
+        name = launched.name
         raise RtmlSystemError(f"{name} failed to start ({line or 'no answer'}); see "
                               f"{session.log_file(name)} and {session.log_file(name + '-out')}")
-    return proc, line.split(" ", 1)[1]
+    return line.split(" ", 1)[1]
 
 
 def _read_line(fd: int, timeout: float) -> str:
@@ -96,23 +113,41 @@ def _read_line(fd: int, timeout: float) -> str:
 
 def start_head_node(session: Session, token: str, node: NodeConfig, *, port: int = 0,
                     host: str = "127.0.0.1", die_with_parent: bool) -> StartedNode:
-    """Start Redis, the head service and a node manager."""
+    """Start Redis, the head service and a node manager.
+
+    The head's listening socket is bound here and handed to it, so its address is
+    known at once and the node manager starts alongside it (its connection waits
+    in the listen backlog until the head accepts).
+    """
     session.create()
     session.write_token(token)
+    listener = _bind(host, port)
     redis = start_redis(port=0, password=token, data_dir=str(session.redis),
                         die_with_parent=die_with_parent)
-    started = StartedNode(session, "", "", "", redis)
+    started = StartedNode(session, f"{host}:{listener.getsockname()[1]}", "", "", redis)
     try:
-        head_cfg = HeadConfig(str(session.root), token, redis.host, redis.port, host, port)
-        head_proc, head_address = spawn_daemon("rtml.scheduler.head", head_cfg.to_json(),
-                                               session, "head", die_with_parent, token)
-        started.procs.append(head_proc)
-        started.head_address = head_address
-        _start_node_manager(started, node, head_address, die_with_parent)
+        head_cfg = HeadConfig(str(session.root), token, redis.host, redis.port, host,
+                              listener.getsockname()[1], listen_fd=listener.fileno())
+        head = launch_daemon("rtml.scheduler.head", head_cfg.to_json(), session, "head",
+                             die_with_parent, token, pass_fds=(listener.fileno(),))
+        started.procs.append(head.proc)
+        listener.close()
+        node_manager = _launch_node_manager(started, node, die_with_parent)
+        await_ready(head, session)
+        _node_ready(started, node_manager)
     except BaseException:
+        listener.close()
         started.stop()
         raise
     return started
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    try:
+        return socket.create_server((host, port), backlog=128)
+    except OSError as exc:
+        raise RtmlSystemError(f"cannot listen on {host}:{port} ({exc}); pick another "
+                              f"--port or stop what uses it") from exc
 
 
 def join_node(session: Session, token: str, node: NodeConfig, head_address: str, *,
@@ -121,15 +156,19 @@ def join_node(session: Session, token: str, node: NodeConfig, head_address: str,
     session.create()
     session.write_token(token)
     started = StartedNode(session, head_address, "", "")
-    _start_node_manager(started, node, head_address, die_with_parent)
+    _node_ready(started, _launch_node_manager(started, node, die_with_parent))
     return started
 
 
-def _start_node_manager(started: StartedNode, node: NodeConfig, head_address: str,
-                        die_with_parent: bool) -> None:
-    cfg = NodeConfig(**{**node.__dict__, "head_address": head_address,
+def _launch_node_manager(started: StartedNode, node: NodeConfig,
+                         die_with_parent: bool) -> Launched:
+    cfg = NodeConfig(**{**node.__dict__, "head_address": started.head_address,
                         "session_dir": str(started.session.root)})
-    proc, info = spawn_daemon("rtml.scheduler.node_manager", cfg.to_json(), started.session,
-                              "node_manager", die_with_parent, node.token)
-    started.procs.append(proc)
-    started.node_id, started.nm_address = info.split(" ", 1)
+    launched = launch_daemon("rtml.scheduler.node_manager", cfg.to_json(), started.session,
+                             "node_manager", die_with_parent, node.token)
+    started.procs.append(launched.proc)
+    return launched
+
+
+def _node_ready(started: StartedNode, launched: Launched) -> None:
+    started.node_id, started.nm_address = await_ready(launched, started.session).split(" ", 1)

@@ -70,6 +70,7 @@ class HeadConfig:
     redis_port: int
     host: str = "127.0.0.1"
     port: int = 0
+    listen_fd: int = -1  # a socket bound by the parent (so its address is known early)
 
     def to_json(self) -> str:
         """The config without its token (which travels in ``TOKEN_ENV``)."""

@@ -20,6 +20,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -319,7 +320,11 @@ async def serve(cfg: HeadConfig, ready_fd: int) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, head.stopped.set)
-    server = await loop.create_server(protocol_factory(head), cfg.host, cfg.port)
+    if cfg.listen_fd >= 0:
+        sock = socket.socket(fileno=cfg.listen_fd)
+        server = await loop.create_server(protocol_factory(head), sock=sock)
+    else:
+        server = await loop.create_server(protocol_factory(head), cfg.host, cfg.port)
     port = server.sockets[0].getsockname()[1]
     report_ready(ready_fd, f"ok {cfg.host}:{port}")
     try:

@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,19 +34,10 @@ from rtml.rpc import messages as m
 from rtml.rpc.reactor import make_hello
 from rtml.rpc.server import Peer, Service, protocol_factory
 from rtml.scheduler.local import Grant, LocalScheduler, StartActor, StartWorker
+from rtml.scheduler.worker_procs import WorkerLauncher, WorkerProc
 from rtml.session import Session
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class WorkerProc:
-    worker_id: bytes
-    proc: subprocess.Popen[bytes]
-    actor_id: bytes = b""
-    peer: Peer | None = None
-    address: str = ""
-    gone: bool = False
 
 
 class ObjectTableBatch:
@@ -126,6 +115,8 @@ class NodeManager(Service):
         self.stopped = asyncio.Event()
         self.objects = ObjectTableBatch(self.node_id)
         self.plane: ControlPlane | None = None
+        self.launcher = WorkerLauncher({**os.environ, TOKEN_ENV: self.token},
+                                       self._worker_gone)
 
     def _pool_size(self) -> int:
         if self.cfg.prestart_workers >= 0:
@@ -135,6 +126,7 @@ class NodeManager(Service):
     # -- startup -----------------------------------------------------------------------------
 
     async def start(self) -> None:
+        await self.launcher.start()
         loop = asyncio.get_running_loop()
         self.server = await loop.create_unix_server(protocol_factory(self), self.unix_path)
         os.chmod(self.unix_path, 0o600)
@@ -279,7 +271,7 @@ class NodeManager(Service):
         if worker is None or worker.gone:
             return
         if msg.force:
-            worker.proc.kill()
+            worker.kill()
         elif worker.peer is not None:
             worker.peer.send(m.CancelRunning(msg.task_id))
 
@@ -311,35 +303,19 @@ class NodeManager(Service):
                 self._spawn(command.actor_id)
 
     def _spawn(self, actor_id: bytes) -> None:
-        worker_id = random_id()
-        config = json.dumps({
-            "session_dir": str(self.session.root),
-            "nm_address": f"unix:{self.unix_path}", "head_address": self.cfg.head_address,
-            "worker_id": worker_id.hex()})
-        log_path = self.session.log_file(f"worker-{worker_id.hex()[:12]}-out")
-        with open(log_path, "ab") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "rtml.core.worker_main", config],
-                                    stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                    env={**os.environ, TOKEN_ENV: self.token},
-                                    preexec_fn=die_with_parent)
-        worker = WorkerProc(worker_id, proc, actor_id)
-        self.workers[worker_id] = worker
-        pidfd = os.pidfd_open(proc.pid)
-        loop = asyncio.get_running_loop()
-        loop.add_reader(pidfd, self._on_exit, worker, pidfd)
-
-    def _on_exit(self, worker: WorkerProc, pidfd: int) -> None:
-        asyncio.get_running_loop().remove_reader(pidfd)
-        os.close(pidfd)
-        code = worker.proc.wait()
-        self._worker_gone(worker, f"exit code {code}")
+        worker = WorkerProc(random_id(), actor_id)
+        self.workers[worker.worker_id] = worker
+        config = {"session_dir": str(self.session.root),
+                  "nm_address": f"unix:{self.unix_path}",
+                  "head_address": self.cfg.head_address, "worker_id": worker.worker_id.hex()}
+        log_path = str(self.session.log_file(f"worker-{worker.worker_id.hex()[:12]}-out"))
+        self.launcher.spawn(worker, config, log_path)
 
     def _worker_gone(self, worker: WorkerProc, reason: str) -> None:
         if worker.gone:
             return
+        worker.kill()
         worker.gone = True
-        if worker.proc.poll() is None:
-            worker.proc.kill()
         self.workers.pop(worker.worker_id, None)
         log.info("worker %s gone: %s", worker.worker_id.hex()[:12], reason)
         self.store.release_holder(worker.worker_id)
@@ -357,7 +333,7 @@ class NodeManager(Service):
     def _kill_actor(self, actor_id: bytes) -> None:
         for worker in self.workers.values():
             if worker.actor_id == actor_id:
-                worker.proc.kill()
+                worker.kill()
                 return
         if self.actor_specs.pop(actor_id, None) is not None:
             self._run(self.sched.actor_gone(actor_id))
@@ -429,13 +405,9 @@ class NodeManager(Service):
 
     # -- shutdown ----------------------------------------------------------------------------
 
-    def shutdown(self) -> None:
+    async def shutdown(self) -> None:
         self.stopped.set()
-        for worker in list(self.workers.values()):
-            worker.gone = True
-            if worker.proc.poll() is None:
-                worker.proc.kill()
-            worker.proc.wait()
+        await self.launcher.stop(list(self.workers.values()))
         for path in Path("/dev/shm").glob(f"rtml-{self.namespace}-*"):
             path.unlink(missing_ok=True)
         with contextlib.suppress(FileNotFoundError):
@@ -464,7 +436,7 @@ async def serve(cfg: NodeConfig, ready_fd: int) -> None:
         report_ready(ready_fd, f"ok {nm.node_id.hex()} unix:{nm.unix_path}")
         await nm.stopped.wait()
     finally:
-        nm.shutdown()
+        await nm.shutdown()
 
 
 def main(argv: list[str]) -> int:

@@ -1,0 +1,108 @@
+"""Starting, watching and killing the node's worker processes (the I/O of the pool).
+
+    WorkerLauncher.spawn(worker_id, config) --request--> zygote --fork--> worker
+                                            <--pid------
+    pidfd readable (the worker exited) --> on_exit(worker)
+
+Exits are seen through a pidfd the moment they happen, whoever reaps the
+process; nothing polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rtml.exceptions import RtmlSystemError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class WorkerProc:
+    worker_id: bytes
+    actor_id: bytes = b""
+    pid: int = 0
+    peer: Any = None
+    address: str = ""
+    gone: bool = False
+
+    def kill(self) -> None:
+        if self.pid and not self.gone:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+
+class WorkerLauncher:
+    """Forks workers from a zygote and reports each one's exit exactly once."""
+
+    def __init__(self, env: dict[str, str], on_exit: Callable[[WorkerProc, str], None]) -> None:
+        self.env = env
+        self.on_exit = on_exit
+        self._zygote: asyncio.subprocess.Process | None = None
+        self._waiting: deque[WorkerProc] = deque()
+        self._reader: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Start the zygote; it imports the worker code while the node keeps starting."""
+        self._zygote = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "rtml.core.worker_zygote", stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, env=self.env)
+        self._reader = asyncio.create_task(self._read_pids(self._zygote))
+
+    def spawn(self, worker: WorkerProc, config: dict[str, Any], log_path: str) -> None:
+        """Ask the zygote for a worker; its pid arrives asynchronously."""
+        zygote = self._zygote
+        if zygote is None or zygote.stdin is None or zygote.returncode is not None:
+            raise RtmlSystemError("the worker zygote is not running; see node_manager.log")
+        self._waiting.append(worker)
+        request = {"config": json.dumps(config), "log_path": log_path}
+        zygote.stdin.write((json.dumps(request) + "\n").encode())
+
+    async def _read_pids(self, zygote: asyncio.subprocess.Process) -> None:
+        assert zygote.stdout is not None
+        while line := await zygote.stdout.readline():
+            self._watch(self._waiting.popleft(), int(line))
+        log.error("the worker zygote exited (code %s)", await zygote.wait())
+        while self._waiting:
+            self._report(self._waiting.popleft(), "the worker zygote exited")
+
+    def _watch(self, worker: WorkerProc, pid: int) -> None:
+        worker.pid = pid
+        try:
+            pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            self._report(worker, "exited at once")
+            return
+        loop = asyncio.get_running_loop()
+        loop.add_reader(pidfd, self._exited, worker, pidfd)
+
+    def _exited(self, worker: WorkerProc, pidfd: int) -> None:
+        asyncio.get_running_loop().remove_reader(pidfd)
+        os.close(pidfd)
+        self._report(worker, "process exited")
+
+    def _report(self, worker: WorkerProc, reason: str) -> None:
+        if not worker.gone:
+            self.on_exit(worker, reason)
+
+    async def stop(self, workers: list[WorkerProc]) -> None:
+        """Kill every worker and the zygote."""
+        for worker in workers:
+            worker.kill()
+            worker.gone = True
+        zygote = self._zygote
+        if zygote is not None and zygote.returncode is None:
+            zygote.kill()
+            await zygote.wait()
+        if self._reader is not None:
+            self._reader.cancel()
