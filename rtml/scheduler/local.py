@@ -81,6 +81,7 @@ class LocalScheduler:
     lease_of_worker: dict[bytes, int] = field(default_factory=dict)
     actors_pending: deque[PendingActor] = field(default_factory=deque)
     actor_shapes: dict[bytes, Shape] = field(default_factory=dict)
+    idle_ticks: dict[bytes, int] = field(default_factory=dict)
     _ids: itertools.count = field(default_factory=lambda: itertools.count(1))
 
     def __post_init__(self) -> None:
@@ -192,6 +193,19 @@ class LocalScheduler:
         missing = self.pool_size - live_workers - self.starting
         self.starting += max(0, missing)
         return [StartWorker() for _ in range(missing)]
+
+    def reap_idle(self, ticks: int) -> list[bytes]:
+        """Called once per tick: idle workers beyond the pool size, idle ``ticks`` ticks.
+
+        The returned workers leave the pool; the caller stops their processes.
+        """
+        self.idle_ticks = {w: self.idle_ticks.get(w, 0) + 1 for w in self.idle}
+        extra = len(self.idle) - self.pool_size
+        stale = [w for w in self.idle if self.idle_ticks[w] >= ticks][:max(0, extra)]
+        for worker_id in stale:
+            self.idle.remove(worker_id)
+            del self.idle_ticks[worker_id]
+        return stale
 
     def pending_shapes(self) -> list[Shape]:
         return [r.shape for r in self.pending] + [a.place_shape for a in self.actors_pending]

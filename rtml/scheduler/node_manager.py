@@ -39,6 +39,9 @@ from rtml.session import Session
 
 log = logging.getLogger(__name__)
 
+IDLE_WORKER_TICKS = 10
+"""Heartbeat ticks (0.5 s each) a worker beyond the pool size may idle before it is stopped."""
+
 
 class ObjectTableBatch:
     """Object-table changes waiting for the next flush to the control plane.
@@ -143,6 +146,8 @@ class NodeManager(Service):
 
     async def _heartbeat(self) -> None:
         while True:
+            for worker_id in self.sched.reap_idle(IDLE_WORKER_TICKS):
+                self.workers[worker_id].kill()
             self.head.send(m.NodeHeartbeat(self.node_id, dict(self.sched.available),
                                            self.sched.pending_shapes()))
             await self._flush_objects()

@@ -187,3 +187,21 @@ def test_actor_placement_holds_its_shape() -> None:
     assert s.place_actor(b"a3", {"CPU": 1.0}, {"CPU": 1.0}) == []
     cmds = s.actor_gone(b"a2")
     assert StartActor(b"a3") in cmds
+
+
+def test_reap_idle_stops_only_extra_workers_idle_long_enough() -> None:
+    s = with_idle(sched(cpus=2, pool=2), W1, W2, W3, W4)
+    assert s.reap_idle(ticks=3) == [] and s.reap_idle(ticks=3) == []
+    reaped = s.reap_idle(ticks=3)
+    assert reaped == [W1, W2] and list(s.idle) == [W3, W4]  # the pool keeps its size
+    assert s.reap_idle(ticks=3) == []
+
+
+def test_reap_idle_counts_only_uninterrupted_idleness() -> None:
+    s = with_idle(sched(cpus=2, pool=0), W1)
+    s.reap_idle(ticks=2)
+    lease = grants(s.request_lease(OWNER, 1, ONE_CPU))[0]
+    assert s.reap_idle(ticks=2) == []  # leased: not idle, its count restarts
+    s.return_lease(lease.lease_id)
+    assert s.reap_idle(ticks=2) == []
+    assert s.reap_idle(ticks=2) == [W1]
