@@ -99,6 +99,7 @@ class ClientRuntime:
         self.blocked_hook: Callable[[bool], None] | None = None
         self.current_task_name = "driver"
         self.closed = False
+        self._warned_shapes: set[tuple[tuple[str, float], ...]] = set()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -166,10 +167,20 @@ class ClientRuntime:
             self._deliver_reply(msg.req_id, msg)
         elif isinstance(msg, m.LeaseFailed):
             self.submitter.on_lease_failed(msg)
+        elif isinstance(msg, m.LeaseInfeasible):
+            self._warn_infeasible(msg.shape)
         elif self.nm_extra_handler is not None:
             self.nm_extra_handler(msg)
 
     nm_extra_handler: Callable[[Any], None] | None = None
+
+    def _warn_infeasible(self, shape: dict[str, float]) -> None:
+        key = tuple(sorted(shape.items()))
+        if key not in self._warned_shapes:
+            self._warned_shapes.add(key)
+            log.warning("a task or actor needs %s, which no node in the cluster has; it stays "
+                        "pending until a node with those resources joins (see `rtml status`)",
+                        shape)
 
     def _on_nm_closed(self, conn: Connection, reason: str) -> None:
         if not self.closed:

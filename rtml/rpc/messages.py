@@ -121,6 +121,12 @@ class CancelLeaseRequest(Msg, tag=24):
     req_id: int
 
 
+class LeaseInfeasible(Msg, tag=27):
+    """No node has the resources for this shape; the request stays pending."""
+    req_id: int
+    shape: dict[str, float]
+
+
 class WorkerBlocked(Msg, tag=25):
     pass
 
@@ -302,7 +308,7 @@ class Shutdown(Msg, tag=63):
 
 Message = (
     Hello | HelloReply | PushTask | TaskResult | RequestLease | LeaseGranted | LeaseFailed
-    | ReturnLease | CancelLeaseRequest | WorkerBlocked | WorkerUnblocked | SealObject | AddHolds
+    | ReturnLease | CancelLeaseRequest | LeaseInfeasible | WorkerBlocked | WorkerUnblocked | SealObject | AddHolds
     | ReleaseHolds | ReleaseHolder | WaitObject | ObjectAvailable | CancelTask | StoreStats
     | StoreStatsReply | CancelRunning | WorkerListening | BecomeActor | ActorReady
     | RegisterNode | NodeHeartbeat | RegisterJob | CreateActor | GetActorInfo | ActorInfo

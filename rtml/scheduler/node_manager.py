@@ -216,6 +216,8 @@ class NodeManager(Service):
     # -- message handlers --------------------------------------------------------------------
 
     def _request_lease(self, peer: Peer, client: Client, msg: m.RequestLease) -> None:
+        if not self.sched.feasible(msg.shape):
+            peer.send(m.LeaseInfeasible(msg.req_id, msg.shape))
         self._run(self.sched.request_lease(peer, msg.req_id, msg.shape))
 
     def _return_lease(self, peer: Peer, client: Client, msg: m.ReturnLease) -> None:
