@@ -1,6 +1,7 @@
 """The control plane: rtml's durable cluster state in Redis.
 
-This package is the only place in rtml that imports ``redis`` or spells a key.
+This package is the only place in rtml that speaks to Redis (through its own small
+RESP client, :mod:`rtml.control_plane.resp`) or spells a key.
 :func:`start_redis` runs the server, :class:`ControlPlane` reads and writes its
 tables, :class:`BatchedWriter` moves task records and events there off the hot
 path, and :class:`Keys` names every key.

@@ -1,11 +1,11 @@
-"""The control plane's tables: typed reads and writes over one Redis connection pool.
+"""The control plane's tables: typed reads and writes over one Redis connection.
 
 ::
 
     head service / node managers / drivers
         |  put_node, heartbeat, put_job, export_function, put_actor, ...
         v
-    ControlPlane --(redis-py, pipelined)--> Redis: hashes, sets, a zset, a stream
+    ControlPlane --(RespClient, pipelined)--> Redis: hashes, sets, a zset, a stream
         ^                                        (key names: keys.py)
         |  write_task_records, append_events  (batched off the hot path)
     BatchedWriter (writer.py)
@@ -16,8 +16,8 @@ write merges field by field). ``get_*`` returns values as stored; ``list_*``
 returns JSON-friendly dicts in which every ``bytes`` value is a hex string.
 
 Every Redis failure surfaces as :class:`rtml.exceptions.RtmlSystemError`, whose
-``__cause__`` is the redis-py error, so no caller outside this package needs to
-import ``redis``.
+``__cause__`` is the :mod:`rtml.control_plane.resp` error, so no caller outside this
+package needs to know how Redis is spoken to.
 """
 
 from __future__ import annotations
@@ -28,15 +28,22 @@ from collections.abc import Callable, Iterable
 from typing import Any, ParamSpec, TypeVar
 
 import msgspec
-import redis
-from redis.backoff import ExponentialBackoff
-from redis.retry import Retry
 
 from rtml.control_plane.keys import DEFAULT_NAMESPACE, Keys
+from rtml.control_plane.resp import (
+    Arg,
+    AuthError,
+    RespBaseError,
+    RespClient,
+    RespConnectionError,
+    RespError,
+    Script,
+)
 from rtml.exceptions import RtmlSystemError
 
 EVENTS_MAXLEN = 100_000
 _EVENT_FIELD = b"e"
+_EVENTS_MAXLEN_ARGS: tuple[Arg, ...] = ("MAXLEN", "~", EVENTS_MAXLEN)
 _SCAN_CHUNK = 1000
 
 # Deletes KEYS[1] only while it still holds ARGV[1]: compare-and-delete in one step.
@@ -62,7 +69,8 @@ return 0
 """
 
 # Transient connection errors are retried briefly (2 ms doubling, ~0.25 s in all); callers
-# own longer outages. A wrong password is never retried: it will not get better.
+# own longer outages. A wrong password is never retried: it will not get better. A write
+# that is not idempotent is retried only if it surely never reached Redis.
 _RETRIES = 7
 _BACKOFF_BASE = 0.002
 _BACKOFF_CAP = 0.1
@@ -83,12 +91,18 @@ _encoder = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
 _decoder = msgspec.msgpack.Decoder()
 
 
-def _pack(info: dict[str, Any]) -> dict[str, bytes]:
-    return {str(k): _encoder.encode(v) for k, v in info.items()}
+def _hset(key: str, info: dict[str, Any]) -> tuple[Arg, ...]:
+    """``HSET key field value ...`` with every value msgpack-encoded."""
+    args: list[Arg] = ["HSET", key]
+    for k, v in info.items():
+        args += (str(k), _encoder.encode(v))
+    return tuple(args)
 
 
-def _unpack(raw: dict[bytes, bytes]) -> dict[str, Any]:
-    return {k.decode(): _decoder.decode(v) for k, v in raw.items()}
+def _unpack(raw: list[bytes]) -> dict[str, Any]:
+    """An HGETALL reply (field, value, field, value, ...) as a decoded dict."""
+    pairs = iter(raw)
+    return {k.decode(): _decoder.decode(v) for k, v in zip(pairs, pairs, strict=True)}
 
 
 def to_jsonable(value: Any) -> Any:
@@ -102,38 +116,42 @@ def to_jsonable(value: Any) -> Any:
     return value
 
 
-class _NoAuthRetry(Retry):
-    """redis-py's Retry, minus retrying AuthenticationError (a ConnectionError subclass)."""
-
-    def call_with_retry(self, do: Callable[[], R], fail: Callable[..., Any],
-                        is_retryable: Callable[[Exception], bool] | None = None,
-                        with_failure_count: bool = False) -> R:
-        def retryable(exc: Exception) -> bool:
-            if isinstance(exc, redis.AuthenticationError):
-                return False
-            return is_retryable is None or is_retryable(exc)
-
-        return super().call_with_retry(do, fail, retryable, with_failure_count)
-
-
-def _redis_errors(method: Callable[P, R]) -> Callable[P, R]:
-    """Re-raise redis-py errors from a ControlPlane method as RtmlSystemError."""
+def _guarded(method: Callable[P, R], idempotent: bool) -> Callable[P, R]:
+    """``method`` retrying connection errors briefly and raising RtmlSystemError."""
 
     @functools.wraps(method)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            return method(*args, **kwargs)
-        except redis.RedisError as exc:
-            plane: ControlPlane = args[0]  # type: ignore[assignment]
-            raise plane._system_error(method.__name__, exc) from exc
+        plane: ControlPlane = args[0]  # type: ignore[assignment]
+        delay = _BACKOFF_BASE
+        for attempt in range(_RETRIES + 1):
+            try:
+                return method(*args, **kwargs)
+            except RespConnectionError as exc:
+                if attempt == _RETRIES or (exc.maybe_applied and not idempotent):
+                    raise plane._system_error(method.__name__, exc) from exc
+            except RespBaseError as exc:  # AuthError, RespError: retrying will not help
+                raise plane._system_error(method.__name__, exc) from exc
+            time.sleep(delay)
+            delay = min(delay * 2, _BACKOFF_CAP)
+        raise AssertionError("unreachable")
 
     return wrapper
+
+
+def _redis_errors(method: Callable[P, R]) -> Callable[P, R]:
+    """An idempotent ControlPlane operation: connection errors retried, then RtmlSystemError."""
+    return _guarded(method, idempotent=True)
+
+
+def _redis_errors_no_resend(method: Callable[P, R]) -> Callable[P, R]:
+    """Like :func:`_redis_errors`, but never resent once it may have reached Redis."""
+    return _guarded(method, idempotent=False)
 
 
 class ControlPlane:
     """Client for the cluster's Redis: nodes, jobs, functions, tasks, objects, actors, events.
 
-    Thread-safe (redis-py pools connections). Every method raises
+    Thread-safe (one connection, one request/response exchange at a time). Every method raises
     :class:`RtmlSystemError` when Redis is unreachable or refuses the password.
     """
 
@@ -142,24 +160,19 @@ class ControlPlane:
         self.host = host
         self.port = port
         self.keys = Keys(namespace)
-        self._client = redis.Redis(host=host, port=port, password=password,
-                                   decode_responses=False, socket_timeout=10.0,
-                                   socket_connect_timeout=5.0,
-                                   retry=_NoAuthRetry(ExponentialBackoff(_BACKOFF_CAP,
-                                                                         _BACKOFF_BASE),
-                                                      _RETRIES))
-        self._delete_if_equal = self._client.register_script(_DELETE_IF_EQUAL)
-        self._write_tasks = self._client.register_script(_WRITE_TASKS)
+        self._client = RespClient(host, port, password, timeout=10.0, connect_timeout=5.0)
+        self._delete_if_equal = Script(self._client, _DELETE_IF_EQUAL)
+        self._write_tasks = Script(self._client, _WRITE_TASKS)
 
     def __repr__(self) -> str:
         return f"ControlPlane({self.host}:{self.port}, namespace={self.keys.namespace!r})"
 
-    def _system_error(self, op: str, exc: redis.RedisError) -> RtmlSystemError:
+    def _system_error(self, op: str, exc: RespBaseError) -> RtmlSystemError:
         where = f"Redis at {self.host}:{self.port}"
-        if isinstance(exc, redis.AuthenticationError):
+        if isinstance(exc, AuthError):
             return RtmlSystemError(f"{where} rejected the cluster password ({op}: {exc}); "
                                    f"connect with the password the cluster was started with")
-        if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
+        if isinstance(exc, RespConnectionError):
             return RtmlSystemError(f"cannot reach {where} ({op}: {exc}); check that the "
                                    f"head node is running and the address is right")
         return RtmlSystemError(f"{where} failed {op}: {exc!r}")
@@ -173,14 +186,18 @@ class ControlPlane:
             RtmlSystemError: Redis answered but refused the password.
         """
         try:
-            return bool(self._client.ping())
-        except redis.AuthenticationError as exc:
-            raise self._system_error("ping", exc) from exc
-        except (redis.ConnectionError, redis.TimeoutError):
+            return self._ping()
+        except RtmlSystemError as exc:
+            if isinstance(exc.__cause__, AuthError):
+                raise
             return False
 
+    @_redis_errors
+    def _ping(self) -> bool:
+        return bool(self._client.execute("PING"))
+
     def close(self) -> None:
-        """Close every pooled connection; the object must not be used afterwards."""
+        """Close the connection; the object must not be used afterwards."""
         self._client.close()
 
     # -- nodes --------------------------------------------------------------------
@@ -192,10 +209,8 @@ class ControlPlane:
         fields = {"NodeManagerAddress": info.get("address", ""),
                   "Resources": info.get("resources", {}),
                   **info, "NodeID": hex_id, "Alive": True, "RegisteredAt": time.time()}
-        pipe = self._client.pipeline()
-        pipe.hset(self.keys.node(hex_id), mapping=_pack(fields))  # type: ignore[arg-type]
-        pipe.sadd(self.keys.nodes, hex_id)
-        pipe.execute()
+        self._transaction([_hset(self.keys.node(hex_id), fields),
+                           ("SADD", self.keys.nodes, hex_id)])
 
     @_redis_errors
     def heartbeat(self, node_id: bytes, available: dict[str, float],
@@ -204,23 +219,20 @@ class ControlPlane:
         hex_id = node_id.hex()
         fields = {"Available": available, "PendingShapes": pending_shapes,
                   "LastHeartbeat": time.time()}
-        pipe = self._client.pipeline()
-        pipe.hset(self.keys.node(hex_id), mapping=_pack(fields))  # type: ignore[arg-type]
+        demand: tuple[Arg, ...]
         if pending_shapes:
-            pipe.hset(self.keys.pending_demand, hex_id, _encoder.encode(pending_shapes))
+            demand = ("HSET", self.keys.pending_demand, hex_id, _encoder.encode(pending_shapes))
         else:
-            pipe.hdel(self.keys.pending_demand, hex_id)
-        pipe.execute()
+            demand = ("HDEL", self.keys.pending_demand, hex_id)
+        self._transaction([_hset(self.keys.node(hex_id), fields), demand])
 
     @_redis_errors
     def mark_node_dead(self, node_id: bytes) -> None:
         """Record that a node is dead; its pending demand no longer counts."""
         hex_id = node_id.hex()
         fields = {"Alive": False, "DeathTime": time.time()}
-        pipe = self._client.pipeline()
-        pipe.hset(self.keys.node(hex_id), mapping=_pack(fields))  # type: ignore[arg-type]
-        pipe.hdel(self.keys.pending_demand, hex_id)
-        pipe.execute()
+        self._transaction([_hset(self.keys.node(hex_id), fields),
+                           ("HDEL", self.keys.pending_demand, hex_id)])
 
     @_redis_errors
     def list_nodes(self) -> list[dict[str, Any]]:
@@ -240,16 +252,14 @@ class ControlPlane:
         """Register a running job; ``info`` fields are merged in."""
         hex_id = job_id.hex()
         fields = {"StartTime": time.time(), **info, "JobID": hex_id, "IsDead": False}
-        pipe = self._client.pipeline()
-        pipe.hset(self.keys.job(hex_id), mapping=_pack(fields))  # type: ignore[arg-type]
-        pipe.sadd(self.keys.jobs, hex_id)
-        pipe.execute()
+        self._transaction([_hset(self.keys.job(hex_id), fields),
+                           ("SADD", self.keys.jobs, hex_id)])
 
     @_redis_errors
     def finish_job(self, job_id: bytes) -> None:
         """Record that a job's driver has finished."""
         fields = {"IsDead": True, "EndTime": time.time()}
-        self._client.hset(self.keys.job(job_id.hex()), mapping=_pack(fields))  # type: ignore[arg-type]
+        self._client.execute(*_hset(self.keys.job(job_id.hex()), fields))
 
     @_redis_errors
     def list_jobs(self) -> list[dict[str, Any]]:
@@ -263,12 +273,13 @@ class ControlPlane:
     @_redis_errors
     def export_function(self, function_id: bytes, blob: bytes) -> None:
         """Store a pickled function once; later exports of the same id are no-ops."""
-        self._client.set(self.keys.function(function_id.hex()), blob, nx=True)
+        self._client.execute("SET", self.keys.function(function_id.hex()), blob, "NX")
 
     @_redis_errors
     def fetch_function(self, function_id: bytes) -> bytes | None:
         """The pickled function exported under ``function_id``, or None."""
-        return self._client.get(self.keys.function(function_id.hex()))  # type: ignore[return-value]
+        reply: bytes | None = self._client.execute("GET", self.keys.function(function_id.hex()))
+        return reply
 
     # -- tasks --------------------------------------------------------------------
 
@@ -280,7 +291,7 @@ class ControlPlane:
         """
         if not records:
             return
-        args: list[Any] = [self.keys.task("")]
+        args: list[Arg] = [self.keys.task("")]
         for record in records:
             submit_ts = record.get("submit_ts")
             args += (record["task_id"].hex(), "" if submit_ts is None else submit_ts,
@@ -310,10 +321,11 @@ class ControlPlane:
     def _newest_first(self, zset_key: str) -> Iterable[list[str]]:
         start = 0
         while True:
-            members = self._client.zrevrange(zset_key, start, start + _SCAN_CHUNK - 1)
+            members = self._client.execute("ZREVRANGE", zset_key, start,
+                                           start + _SCAN_CHUNK - 1)
             if not members:
                 return
-            yield [m.decode() for m in members]  # type: ignore[union-attr]
+            yield [m.decode() for m in members]
             start += _SCAN_CHUNK
 
     # -- objects ------------------------------------------------------------------
@@ -322,11 +334,8 @@ class ControlPlane:
     def put_object(self, object_id: bytes, info: dict[str, Any]) -> None:
         """Create or merge into an object's record (owner, size, locations...)."""
         hex_id = object_id.hex()
-        pipe = self._client.pipeline()
-        pipe.hset(self.keys.object(hex_id),
-                  mapping=_pack({**info, "object_id": hex_id}))  # type: ignore[arg-type]
-        pipe.sadd(self.keys.objects, hex_id)
-        pipe.execute()
+        self._transaction([_hset(self.keys.object(hex_id), {**info, "object_id": hex_id}),
+                           ("SADD", self.keys.objects, hex_id)])
 
     @_redis_errors
     def remove_objects(self, object_ids: list[bytes]) -> None:
@@ -334,10 +343,8 @@ class ControlPlane:
         if not object_ids:
             return
         hex_ids = [oid.hex() for oid in object_ids]
-        pipe = self._client.pipeline()
-        pipe.delete(*[self.keys.object(h) for h in hex_ids])
-        pipe.srem(self.keys.objects, *hex_ids)
-        pipe.execute()
+        self._transaction([("DEL", *[self.keys.object(h) for h in hex_ids]),
+                           ("SREM", self.keys.objects, *hex_ids)])
 
     @_redis_errors
     def write_objects(self, puts: dict[bytes, dict[str, Any]], removes: list[bytes]) -> None:
@@ -347,25 +354,27 @@ class ControlPlane:
         """
         if not puts and not removes:
             return
-        pipe = self._client.pipeline(transaction=False)
+        commands: list[tuple[Arg, ...]] = []
         for object_id, info in puts.items():
             hex_id = object_id.hex()
-            pipe.hset(self.keys.object(hex_id),
-                      mapping=_pack({**info, "object_id": hex_id}))  # type: ignore[arg-type]
-            pipe.sadd(self.keys.objects, hex_id)
+            commands.append(_hset(self.keys.object(hex_id), {**info, "object_id": hex_id}))
+            commands.append(("SADD", self.keys.objects, hex_id))
         if removes:
             hex_ids = [oid.hex() for oid in removes]
-            pipe.delete(*[self.keys.object(h) for h in hex_ids])
-            pipe.srem(self.keys.objects, *hex_ids)
-        pipe.execute()
+            commands.append(("DEL", *[self.keys.object(h) for h in hex_ids]))
+            commands.append(("SREM", self.keys.objects, *hex_ids))
+        self._client.pipeline(commands)
 
     @_redis_errors
     def list_objects(self, limit: int = 10000) -> list[dict[str, Any]]:
         """Up to ``limit`` object records, in no particular order."""
         hex_ids: list[str] = []
-        for member in self._client.sscan_iter(self.keys.objects, count=_SCAN_CHUNK):
-            hex_ids.append(member.decode())
-            if len(hex_ids) >= limit:
+        cursor: bytes = b"0"
+        while len(hex_ids) < limit:
+            cursor, members = self._client.execute("SSCAN", self.keys.objects, cursor,
+                                                   "COUNT", _SCAN_CHUNK)
+            hex_ids += [m.decode() for m in members[:limit - len(hex_ids)]]
+            if cursor == b"0":
                 break
         return [to_jsonable(record) for _, record in self._hashes(self.keys.object, hex_ids)]
 
@@ -375,17 +384,14 @@ class ControlPlane:
     def put_actor(self, actor_id: bytes, info: dict[str, Any]) -> None:
         """Create or merge into an actor's record (spec, state, address, restarts...)."""
         hex_id = actor_id.hex()
-        pipe = self._client.pipeline()
-        pipe.hset(self.keys.actor(hex_id),
-                  mapping=_pack({**info, "actor_id": hex_id}))  # type: ignore[arg-type]
-        pipe.sadd(self.keys.actors, hex_id)
-        pipe.execute()
+        self._transaction([_hset(self.keys.actor(hex_id), {**info, "actor_id": hex_id}),
+                           ("SADD", self.keys.actors, hex_id)])
 
     @_redis_errors
     def get_actor(self, actor_id: bytes) -> dict[str, Any] | None:
         """The actor's record with values as stored (bytes stay bytes), or None."""
-        raw = self._client.hgetall(self.keys.actor(actor_id.hex()))
-        return _unpack(raw) if raw else None  # type: ignore[arg-type]
+        raw = self._client.execute("HGETALL", self.keys.actor(actor_id.hex()))
+        return _unpack(raw) if raw else None
 
     @_redis_errors
     def list_actors(self) -> list[dict[str, Any]]:
@@ -394,15 +400,18 @@ class ControlPlane:
                   self._hashes(self.keys.actor, self._members(self.keys.actors))]
         return sorted(actors, key=lambda a: a["actor_id"])
 
-    @_redis_errors
+    @_redis_errors_no_resend  # a resent SET NX that had succeeded would answer "taken"
     def set_named_actor(self, namespace: str, name: str, actor_id: bytes) -> bool:
         """Claim ``name`` in ``namespace`` for ``actor_id``; False if already taken."""
-        return bool(self._client.set(self.keys.named_actor(namespace, name), actor_id, nx=True))
+        reply = self._client.execute("SET", self.keys.named_actor(namespace, name), actor_id,
+                                     "NX", idempotent=False)
+        return reply is not None
 
     @_redis_errors
     def get_named_actor(self, namespace: str, name: str) -> bytes | None:
         """The id of the actor holding ``name`` in ``namespace``, or None."""
-        return self._client.get(self.keys.named_actor(namespace, name))  # type: ignore[return-value]
+        reply: bytes | None = self._client.execute("GET", self.keys.named_actor(namespace, name))
+        return reply
 
     @_redis_errors
     def delete_named_actor(self, namespace: str, name: str, actor_id: bytes) -> None:
@@ -411,26 +420,26 @@ class ControlPlane:
 
     # -- events -------------------------------------------------------------------
 
-    @_redis_errors
+    @_redis_errors_no_resend  # a resent batch would duplicate events
     def append_events(self, events: list[dict[str, Any]]) -> None:
         """Append events to the stream (trimmed to about 100,000 entries), one round trip."""
         if not events:
             return
-        pipe = self._client.pipeline(transaction=False)
-        for event in events:
-            pipe.xadd(self.keys.events, {_EVENT_FIELD: _encoder.encode(event)},
-                      maxlen=EVENTS_MAXLEN, approximate=True)
-        pipe.execute()
+        key = self.keys.events
+        self._client.pipeline([("XADD", key, *_EVENTS_MAXLEN_ARGS, "*", _EVENT_FIELD,
+                                _encoder.encode(event)) for event in events])
 
     @_redis_errors
     def read_events(self, job_id: bytes | None = None,
                     count: int = 100000) -> list[dict[str, Any]]:
         """The oldest ``count`` events in append order, optionally only one job's."""
-        entries: list[tuple[bytes, dict[bytes, bytes]]]
-        entries = self._client.xrange(self.keys.events, count=count)  # type: ignore[assignment]
+        entries: list[list[Any]]  # [entry id, [field, value, ...]]
+        entries = self._client.execute("XRANGE", self.keys.events, "-", "+", "COUNT", count)
         wanted = job_id.hex() if job_id is not None else None
         events = []
-        for _, fields in entries:
+        for _, flat in entries:
+            pairs = iter(flat)
+            fields = dict(zip(pairs, pairs, strict=True))
             event = to_jsonable(_decoder.decode(fields[_EVENT_FIELD]))
             if wanted is None or event.get("job_id") == wanted:
                 events.append(event)
@@ -439,17 +448,24 @@ class ControlPlane:
     # -- helpers ------------------------------------------------------------------
 
     def _members(self, set_key: str) -> list[str]:
-        return [m.decode() for m in self._client.smembers(set_key)]  # type: ignore[union-attr]
+        return [m.decode() for m in self._client.execute("SMEMBERS", set_key)]
 
     def _hashes(self, key_of: Callable[[str], str],
                 hex_ids: list[str]) -> list[tuple[str, dict[str, Any]]]:
         """(hex id, decoded hash) for each id whose hash exists, one round trip."""
         if not hex_ids:
             return []
-        pipe = self._client.pipeline(transaction=False)
-        for hex_id in hex_ids:
-            pipe.hgetall(key_of(hex_id))
-        return [(h, _unpack(raw)) for h, raw in zip(hex_ids, pipe.execute(), strict=True) if raw]
+        replies = self._client.pipeline([("HGETALL", key_of(h)) for h in hex_ids])
+        return [(h, _unpack(raw)) for h, raw in zip(hex_ids, replies, strict=True) if raw]
+
+    def _transaction(self, commands: list[tuple[Arg, ...]]) -> list[Any]:
+        """Run ``commands`` atomically (MULTI ... EXEC) in one round trip; their replies."""
+        replies = self._client.pipeline([("MULTI",), *commands, ("EXEC",)])
+        results: list[Any] = replies[-1]
+        for result in results:
+            if isinstance(result, RespError):
+                raise result
+        return results
 
 
 def _matches(record: dict[str, Any], filters: dict[str, str] | None) -> bool:

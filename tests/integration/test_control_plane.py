@@ -12,11 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from rtml.control_plane import BatchedWriter, ControlPlane, RedisProcess, start_redis
+from rtml.control_plane.resp import AuthError, RespClient
 from rtml.exceptions import RtmlSystemError
 
 
@@ -58,12 +56,14 @@ def test_server_is_reachable_and_password_is_required(server: RedisProcess,
     wrong = ControlPlane(server.host, server.port, "not-the-password")
     with pytest.raises(RtmlSystemError, match="password") as info:
         wrong.ping()
-    assert isinstance(info.value.__cause__, redis.AuthenticationError)
+    assert isinstance(info.value.__cause__, AuthError)
     with pytest.raises(RtmlSystemError):
         wrong.list_nodes()
     wrong.close()
-    with pytest.raises(redis.AuthenticationError):
-        redis.Redis(host=server.host, port=server.port, retry=Retry(NoBackoff(), 0)).ping()
+    no_password = RespClient(server.host, server.port, None)
+    with pytest.raises(AuthError, match="NOAUTH"):
+        no_password.execute("PING")
+    no_password.close()
 
 
 def test_unreachable_redis_pings_false() -> None:
