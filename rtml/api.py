@@ -209,9 +209,8 @@ def wait(refs: list[ObjectRef], *, num_returns: int = 1, timeout: float | None =
         raise ValueError(f"num_returns must be between 1 and len(refs)={len(ref_list)}, "
                          f"got {num_returns!r}")
     ready = _wait_ready(rt, ref_list, num_returns, timeout)
-    return ([r for r in ref_list if r.id in ready][:num_returns],
-            [r for r in ref_list if r.id not in ready or
-             r not in [x for x in ref_list if x.id in ready][:num_returns]])
+    chosen = set([r.id for r in ref_list if r.id in ready][:num_returns])
+    return ([r for r in ref_list if r.id in chosen], [r for r in ref_list if r.id not in chosen])
 
 
 def _wait_ready(rt: ClientRuntime, refs: list[ObjectRef], num_returns: int,
@@ -229,11 +228,18 @@ def _wait_ready(rt: ClientRuntime, refs: list[ObjectRef], num_returns: int,
         cancels.append(rt.on_ready(ref, arrived))
     deadline = None if timeout is None else time.monotonic() + timeout
     with cond:
-        while len(ready) < num_returns:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                break
-            cond.wait(left)
+        blocked = len(ready) < num_returns and timeout != 0
+        if blocked and rt.blocked_hook is not None:
+            rt.blocked_hook(True)  # inside a task: lend the CPU back while waiting
+        try:
+            while len(ready) < num_returns:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                cond.wait(left)
+        finally:
+            if blocked and rt.blocked_hook is not None:
+                rt.blocked_hook(False)
         result = set(ready)
     for cancel_fn in cancels:
         cancel_fn()

@@ -28,7 +28,9 @@ class TaskError(RtmlError):
         self.cause = cause
         self.pid = pid
         self.node_id = node_id
-        super().__init__(self._message())
+        # Not super(): in the dual class the next __init__ is the user's, whose
+        # signature we cannot know.
+        Exception.__init__(self, self._message())
 
     def _message(self) -> str:
         where = f"pid={self.pid}, node={self.node_id[:12]}" if self.pid else "driver"

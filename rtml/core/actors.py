@@ -249,10 +249,19 @@ class ActorCaller:
             if queue and not self.resolving:
                 self._resolve()
             return
-        while queue and queue[0].deps == 0:
+        while queue and (queue[0].done or queue[0].deps == 0):
             record = queue.popleft()
+            if record.done:  # failed by a dependency or cancelled while queued
+                continue
             self.inflight[record.spec.task_id] = record
-            self.conn.send(m.PushTask(record.spec))
+            self.rt.send_ordered(self.conn, m.PushTask(record.spec))
+
+    def cancel_queued(self, record: TaskRecord) -> bool:
+        """Drop a call not yet sent; True if it was still queued here."""
+        if record in self.queue:
+            self.queue.remove(record)
+            return True
+        return False
 
     def _resolve(self) -> None:
         self.resolving = True

@@ -174,7 +174,13 @@ class Executor:
 
     def _exception_returns(self, spec: m.TaskSpec, exc: BaseException) -> list[m.ReturnObject]:
         error = exc if isinstance(exc, TaskError) else self.rt.task_error(spec.name, exc)
-        return self._error_returns(spec, serialize(StoredError(error)).to_payload(True))
+        try:
+            payload = serialize(StoredError(error)).to_payload(True)
+        except TypeError as unpicklable:  # the user's exception does not pickle: keep its text
+            plain = TaskError(spec.name, f"{error.traceback_text}\n(the exception itself could "
+                              f"not be pickled: {unpicklable})", None, error.pid, error.node_id)
+            payload = serialize(StoredError(plain)).to_payload(True)
+        return self._error_returns(spec, payload)
 
     def _error_returns(self, spec: m.TaskSpec, payload: m.Payload) -> list[m.ReturnObject]:
         return [m.ReturnObject(oid, payload, len(payload.data), True) for oid in return_ids(spec)]

@@ -100,6 +100,7 @@ class ClientRuntime:
         self.current_task_name = "driver"
         self.closed = False
         self._warned_shapes: set[tuple[tuple[str, float], ...]] = set()
+        self._unflushed: list[Connection] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -131,6 +132,28 @@ class ClientRuntime:
         self.plane.close()
         self.reactor.stop()
         self.reactor.close()
+
+    def send_ordered(self, conn: Connection, msg: m.Msg) -> None:
+        """Queue ``msg`` under ``self.lock`` (fixing its order); written by flush_sends().
+
+        The syscall happens after the lock is released, so the I/O thread handling
+        a fast reply never waits for a sender still inside ``send``.
+        """
+        if self.reactor.in_reactor():
+            conn.send(msg)  # corked: written at the end of the reactor iteration
+        else:
+            conn.enqueue(msg)
+            self._unflushed.append(conn)
+
+    def flush_sends(self) -> None:
+        """Write what :meth:`send_ordered` queued; call without holding ``self.lock``."""
+        unflushed = self._unflushed
+        while unflushed:
+            try:
+                conn = unflushed.pop()
+            except IndexError:
+                return
+            conn.flush_now()
 
     def next_request_id(self) -> int:
         return next(self._req_ids)
@@ -316,7 +339,10 @@ class ClientRuntime:
     def write_shared(self, object_id: bytes, ser: Serialized, holder: bytes) -> int:
         """Write a value into this node's shared-memory store on behalf of ``holder``."""
         path = objectstore.segment_path(self.store_namespace, object_id)
-        size = objectstore.write_segment(path, ser.inband, ser.buffers)
+        try:
+            size = objectstore.write_segment(path, ser.inband, ser.buffers)
+        except FileExistsError:  # an earlier attempt of the same task wrote it
+            size = os.stat(path).st_size
         self.nm.send(m.SealObject(object_id, size, holder))
         return size
 
@@ -383,7 +409,7 @@ class ClientRuntime:
     def _value(self, ref: ObjectRef, deadline: float | None) -> Any:
         entry = self.store.get(ref.id)
         if isinstance(entry, m.Payload):
-            value = from_payload(entry)
+            value = _load(entry)
         else:
             value = self.read_shared(ref.id, ref.owner, deadline)
         if isinstance(value, StoredError):
@@ -482,6 +508,7 @@ class ClientRuntime:
                     self.caller(spec.actor_id, record.max_retries).call(record)
                 elif not record.deps:
                     self.submitter.enqueue(record)
+        self.flush_sends()
         if error is not None:
             self.fail_task(record, payload=error)
             return
@@ -507,8 +534,13 @@ class ClientRuntime:
                         self.caller(record.spec.actor_id, record.max_retries).flush()
                     elif record.deps == 0 and not record.cancelled:
                         self.submitter.enqueue(record)
+            self.flush_sends()
             if error is not None:
                 self.fail_task(record, payload=error)
+                if record.spec.actor_id:  # let the calls queued behind it go
+                    with self.lock:
+                        self.caller(record.spec.actor_id, record.max_retries).flush()
+                    self.flush_sends()
         return ready
 
     def should_retry_exception(self, record: TaskRecord, msg: m.TaskResult) -> bool:
@@ -520,14 +552,9 @@ class ClientRuntime:
             return False
         if record.retry_exceptions is True:
             return True
-        error = self._error_of(msg.returns[0])
+        error = _error_of(msg.returns[0])
         cause = getattr(error, "cause", error)
         return isinstance(cause, tuple(record.retry_exceptions))
-
-    def _error_of(self, ret: m.ReturnObject) -> BaseException | None:
-        value = (from_payload(ret.value) if ret.value is not None
-                 else self.read_shared(ret.object_id, self.client_id, None))
-        return value.error if isinstance(value, StoredError) else None
 
     def complete_task(self, record: TaskRecord, msg: m.TaskResult) -> None:
         if record.cancelled:
@@ -596,7 +623,12 @@ class ClientRuntime:
             record = self.submitter.records.get(task_of(ref.id))
             if record is None or record.done:
                 return
-            failed_here = self.submitter.cancel(record, force)
+            if record.spec.actor_id:  # a call already sent runs to completion
+                record.cancelled = True
+                caller = self.caller(record.spec.actor_id, record.max_retries)
+                failed_here = caller.cancel_queued(record)
+            else:
+                failed_here = self.submitter.cancel(record, force)
         if failed_here:
             self.fail_task(record, TaskCancelledError(f"task {record.spec.name!r} was cancelled"))
 
@@ -606,6 +638,26 @@ class ClientRuntime:
     def task_error(self, name: str, exc: BaseException) -> TaskError:
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         return TaskError(name, text, exc, os.getpid(), self.node_id.hex()).as_instanceof_cause()
+
+
+def _error_of(ret: m.ReturnObject) -> BaseException | None:
+    """The error a failed task returned (errors always travel inline), if it unpickles."""
+    try:
+        value = from_payload(ret.value) if ret.value is not None else None
+    except Exception:
+        return None
+    return value.error if isinstance(value, StoredError) else None
+
+
+def _load(payload: m.Payload) -> Any:
+    """Deserialize an inline value; an error that cannot be rebuilt here becomes a TaskError."""
+    try:
+        return from_payload(payload)
+    except Exception as exc:
+        if not payload.is_error:
+            raise
+        return StoredError(TaskError("<unknown>", f"the task failed, and its exception could "
+                                     f"not be unpickled in this process: {exc!r}", None))
 
 
 def resolved_arg(ref: ObjectRef, entry: Entry | None) -> m.TaskArg:

@@ -112,7 +112,7 @@ class TaskSubmitter:
         if busy:  # pipelined behind other tasks: coalesce with the rest of the burst
             worker.conn.send_soon(m.PushTask(record.spec))
         else:
-            worker.conn.send(m.PushTask(record.spec))
+            self.rt.send_ordered(worker.conn, m.PushTask(record.spec))
 
     # -- leases (reactor thread) -------------------------------------------------------------
 
@@ -209,6 +209,7 @@ class TaskSubmitter:
         if worker is None:
             return
         rt = self.rt
+        rt.nm.send(m.ReturnLease(worker.lease_id))  # a no-op if the worker died
         failed: list[tuple[TaskRecord, BaseException]] = []
         with rt.lock:
             queue = self.queues[worker.key]

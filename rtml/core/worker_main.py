@@ -10,11 +10,13 @@ the client runtime (nested submissions, get, put) runs its own I/O thread.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import socket
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ from rtml.core.runtime import ClientConfig, ClientRuntime
 from rtml.exceptions import ProtocolError
 from rtml.rpc import messages as m
 from rtml.rpc.auth import check_hello
+from rtml.rpc.framing import frame
 from rtml.rpc.reactor import Connection, Reactor
 from rtml.session import Session
 
@@ -32,7 +35,14 @@ log = logging.getLogger(__name__)
 
 
 class TaskServer:
-    """Accepts owners' connections and hands their tasks to the executor."""
+    """Accepts owners' connections and hands their tasks to the executor.
+
+    The handshake runs on the runtime's I/O thread, so a caller is admitted
+    even while the main thread runs a long task; the authenticated socket then
+    moves to the main thread's reactor, which reads tasks and runs them inline.
+    (A caller sends nothing after its Hello until it has the reply, so no task
+    frame is in flight while the socket changes hands.)
+    """
 
     def __init__(self, rt: ClientRuntime, executor: Executor, reactor: Reactor) -> None:
         self.rt = rt
@@ -40,28 +50,50 @@ class TaskServer:
         self.reactor = reactor
 
     def accept(self, sock: socket.socket) -> None:
-        conn = Connection(self.reactor, sock, self._on_first, name="owner")
-        self.reactor.add(conn)
+        conn = Connection(self.rt.reactor, sock, self._on_first, name="owner")
+        self.rt.reactor.add(conn)
 
     def _on_first(self, conn: Connection, msg: Any) -> None:
+        sock, unread = conn.detach()
         try:
             hello = check_hello(msg, self.rt.token)
+            if unread:
+                raise ProtocolError("frames after Hello before its reply")
         except ProtocolError as exc:
             log.warning("refusing a connection: %s", exc)
-            conn.send(m.HelloReply(ok=False, error=str(exc)))
-            conn.close(str(exc))
+            with contextlib.suppress(OSError):
+                sock.settimeout(1.0)
+                sock.sendall(frame(m.encode(m.HelloReply(ok=False, error=str(exc)))))
+            sock.close()
             return
         for path in hello.sys_paths:
             if path not in sys.path:
                 sys.path.insert(0, path)
-        conn.handler = self._on_message
-        conn.send(m.HelloReply(ok=True, node_id=self.rt.node_id))
+        owner = Connection(self.reactor, sock, self._on_message, name="owner")
+        owner.send(m.HelloReply(ok=True, node_id=self.rt.node_id))
+        self.reactor.add(owner)
 
     def _on_message(self, conn: Connection, msg: Any) -> None:
         if isinstance(msg, m.PushTask):
             self.executor.on_push(conn, msg.spec)
         else:
             log.warning("unexpected %s from an owner", type(msg).__name__)
+
+
+class BlockedCounter:
+    """Tells the node manager when the first thread of this worker blocks in get/wait
+    (its CPU can be lent out) and when the last one resumes."""
+
+    def __init__(self, rt: ClientRuntime) -> None:
+        self.rt = rt
+        self.blocked = 0
+        self.lock = threading.Lock()
+
+    def change(self, blocked: bool) -> None:
+        with self.lock:
+            self.blocked += 1 if blocked else -1
+            if self.blocked == (1 if blocked else 0):
+                self.rt.nm.send(m.WorkerBlocked() if blocked else m.WorkerUnblocked())
 
 
 def main(argv: list[str]) -> int:
@@ -80,8 +112,7 @@ def main(argv: list[str]) -> int:
     server_reactor = Reactor("rtml-task-server")
     executor = Executor(rt)
     rt.nm_extra_handler = lambda msg: _on_nm_message(rt, executor, server_reactor, msg)
-    rt.blocked_hook = lambda blocked: rt.nm.send(
-        m.WorkerBlocked() if blocked else m.WorkerUnblocked())
+    rt.blocked_hook = BlockedCounter(rt).change
     rt.connect()
     context.set_runtime(rt)
     path = str(session.sockets / f"w-{cfg['worker_id'][:16]}.sock")
@@ -90,7 +121,7 @@ def main(argv: list[str]) -> int:
     os.chmod(path, 0o600)
     listener.listen(128)
     server = TaskServer(rt, executor, server_reactor)
-    server_reactor.listen(listener, server.accept)
+    rt.reactor.listen(listener, server.accept)
     rt.nm.send(m.WorkerListening(f"unix:{path}"))
     try:
         server_reactor.run()

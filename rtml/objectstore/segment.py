@@ -36,6 +36,7 @@ import mmap
 import os
 import pickle
 import struct
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -117,38 +118,46 @@ def _layout(inband_len: int, buffer_lens: Sequence[int]) -> tuple[bytes, _Meta, 
 def write_segment(path: str, inband: bytes, buffers: list) -> int:
     """Write one object to a new file at ``path``; returns the file's size in bytes.
 
-    Raises ``FileExistsError`` if ``path`` exists (the existing file is left
-    alone) and ``OSError`` (e.g. ``ENOSPC``) if ``/dev/shm`` is full, in which
-    case the partial file is removed.
+    The object is written under a private name and linked to ``path`` only when
+    complete, so a reader never maps a half-written segment. Raises
+    ``FileExistsError`` if ``path`` exists (the existing file is left alone) and
+    ``OSError`` (e.g. ``ENOSPC``) if ``/dev/shm`` is full.
     """
     views = [_as_bytes_view(b) for b in buffers]
     inband_view = memoryview(inband).cast("B")
     encoded, meta, size = _layout(len(inband_view), [len(v) for v in views])
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    tmp = f"{path}.{os.getpid()}-{threading.get_ident()}.tmp"
+    fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     try:
         try:
             os.ftruncate(fd, size)
-            with mmap.mmap(fd, size) as mm:
-                _fill(mm, encoded, meta, inband_view, views)
+            _fill(fd, encoded, meta, inband_view, views)
         finally:
             os.close(fd)
-    except BaseException:
-        _unlink_quietly(path)
-        raise
+        os.link(tmp, path)
+    finally:
+        _unlink_quietly(tmp)
     return size
 
 
-def _fill(
-    mm: mmap.mmap, encoded: bytes, meta: _Meta, inband: memoryview, views: list[memoryview]
-) -> None:
-    """Copy header, meta and every region into the mapping (the one copy)."""
-    header_end = _HEADER.size + len(encoded)
-    mm[: _HEADER.size] = _HEADER.pack(MAGIC, VERSION, 0, len(encoded))
-    mm[_HEADER.size : header_end] = encoded
-    mm[meta.inband_offset : meta.inband_offset + meta.inband_length] = inband
-    for (offset, length), view in zip(meta.buffers, views, strict=True):
-        mm[offset : offset + length] = view
+def _fill(fd: int, encoded: bytes, meta: _Meta, inband: memoryview,
+          views: list[memoryview]) -> None:
+    """Write header, meta and every region at their offsets (the one copy).
 
+    ``pwrite`` into tmpfs is about twice as fast as filling a fresh mapping,
+    which takes a page fault per 4 KiB.
+    """
+    _pwrite_all(fd, _HEADER.pack(MAGIC, VERSION, 0, len(encoded)) + encoded, 0)
+    _pwrite_all(fd, inband, meta.inband_offset)
+    for (offset, _length), view in zip(meta.buffers, views, strict=True):
+        _pwrite_all(fd, view, offset)
+
+
+def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    view = memoryview(data).cast("B")
+    done = 0
+    while done < len(view):
+        done += os.pwrite(fd, view[done:], offset + done)
 
 def _unlink_quietly(path: str) -> None:
     try:

@@ -31,6 +31,10 @@ class FrameDecoder:
         self._buf = bytearray()
         self.max_frame = max_frame
 
+    def pending(self) -> bytes:
+        """Bytes received but not yet part of a complete frame."""
+        return bytes(self._buf)
+
     def feed(self, data: bytes) -> list[bytes]:
         """Add ``data``; return every frame it completes. Raises ProtocolError."""
         buf = self._buf

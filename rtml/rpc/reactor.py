@@ -26,6 +26,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from rtml.exceptions import ProtocolError, RtmlSystemError
 from rtml.rpc import messages as m
 from rtml.rpc.framing import FrameDecoder, frame
@@ -95,6 +97,36 @@ class Connection:
         """Encode and send ``msg`` from any thread; queues what the socket refuses."""
         self.send_raw(frame(m.encode(msg)))
 
+    def enqueue(self, msg: m.Msg) -> None:
+        """Queue ``msg`` without writing; the caller then calls :meth:`flush_now`.
+
+        Lets a caller fix the order of frames under its own lock and do the
+        syscall after releasing it.
+        """
+        data = frame(m.encode(msg))
+        with self._lock:
+            if not self.closed:
+                self._out += data
+
+    def flush_now(self) -> None:
+        """Write queued frames from this thread; the reactor finishes what is refused."""
+        if self.reactor.cork and self.reactor.in_reactor():
+            self.reactor._dirty.add(self)
+            return
+        with self._lock:
+            if self.closed or not self._out:
+                return
+            try:
+                sent = self.sock.send(self._out)
+            except BlockingIOError:
+                sent = 0
+            except OSError as exc:
+                self.reactor.call_soon(self.close, f"send failed: {exc}")
+                return
+            del self._out[:sent]
+            if self._out:
+                self.reactor.call_soon(self.reactor._want_write, self)
+
     def send_soon(self, msg: m.Msg) -> None:
         """Queue ``msg`` for the reactor to write with whatever else is queued.
 
@@ -157,11 +189,35 @@ class Connection:
             return
         try:
             frames = self._decoder.feed(data)
-            for payload in frames:
-                self.handler(self, m.decode(payload))
-        except (ProtocolError, ValueError, TypeError) as exc:
-            log.warning("closing %s: bad frame: %s", self.name, exc)
-            self.close(f"bad frame: {exc}")
+        except ProtocolError as exc:
+            self._refuse(exc)
+            return
+        for payload in frames:
+            if self.closed:
+                return
+            try:
+                msg = m.decode(payload)
+            except (msgspec.DecodeError, ValueError) as exc:
+                self._refuse(exc)
+                return
+            try:
+                self.handler(self, msg)
+            except Exception:  # a bug in one handler must not cost the connection
+                log.exception("%s: handling %s failed", self.name, type(msg).__name__)
+
+    def _refuse(self, exc: Exception) -> None:
+        log.warning("closing %s: bad frame: %s", self.name, exc)
+        self.close(f"bad frame: {exc}")
+
+    def detach(self) -> tuple[socket.socket, bytes]:
+        """Stop using this connection; return its socket and any unread bytes.
+
+        The socket stays open for another reactor to adopt.
+        """
+        with self._lock:
+            self.closed = True
+        self.reactor._forget(self)
+        return self.sock, self._decoder.pending()
 
     def close(self, reason: str = "closed") -> None:
         """Close once, from the reactor thread, and tell ``on_close``."""

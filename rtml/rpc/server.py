@@ -14,6 +14,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from rtml.exceptions import ProtocolError
 from rtml.rpc import messages as m
 from rtml.rpc.auth import check_hello
@@ -73,16 +75,24 @@ class FramedProtocol(asyncio.Protocol):
         assert peer is not None
         try:
             for payload in self.decoder.feed(data):
+                if peer.closed:
+                    return
                 msg = m.decode(payload)
                 if peer.hello is None:
                     self._authenticate(peer, msg)
                 else:
-                    self.service.on_message(peer, msg)
-        except (ProtocolError, ValueError, TypeError) as exc:
+                    self._dispatch(peer, msg)
+        except (ProtocolError, msgspec.DecodeError, ValueError) as exc:
             log.warning("closing connection: %s", exc)
             if peer.hello is None:
                 peer.send(m.HelloReply(ok=False, error=str(exc)))
             peer.close()
+
+    def _dispatch(self, peer: Peer, msg: object) -> None:
+        try:
+            self.service.on_message(peer, msg)
+        except Exception:  # e.g. the control plane is down: log, keep the connection
+            log.exception("handling %s failed", type(msg).__name__)
 
     def _authenticate(self, peer: Peer, msg: object) -> None:
         hello = check_hello(msg, self.service.token)
@@ -98,7 +108,10 @@ class FramedProtocol(asyncio.Protocol):
         assert peer is not None
         peer.closed = True
         if peer.hello is not None:
-            self.service.on_disconnect(peer)
+            try:
+                self.service.on_disconnect(peer)
+            except Exception:
+                log.exception("cleaning up after a disconnect failed")
 
 
 def protocol_factory(service: Service) -> Callable[[], FramedProtocol]:
