@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import inspect
 import logging
-import threading
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -87,29 +86,15 @@ class ActorClass:
             detached=options.get("lifetime") == "detached", sys_paths=rt.sys_paths)
         handle = ActorHandle(spec.actor_id, self.__name__, _method_meta(self._cls),
                              spec.max_task_retries)
-        if built.pending:
-            refs = [ref for _, ref in built.pending]
-            threading.Thread(target=_create_later, args=(rt, spec, built, refs, options),
-                             daemon=True).start()
-            return handle
+        for _, ref in built.pending:
+            # The actor's worker reads these from shared memory, waiting until they exist.
+            rt.escaped(ref)
         existing = _send_create(rt, spec, options)
         if existing is not None:
             return ActorHandle(existing.actor_id, self.__name__, handle._methods,
                                existing.spec.max_task_retries if existing.spec else 0)
         rt.caller(spec.actor_id, spec.max_task_retries).keep_alive = built.keep_alive
         return handle
-
-
-def _create_later(rt: ClientRuntime, spec: m.ActorSpec, built: Any, refs: list[ObjectRef],
-                  options: dict[str, Any]) -> None:
-    from rtml.core.runtime import resolved_arg
-    try:
-        rt.get(refs, None)
-    except Exception:
-        pass
-    for index, ref in built.pending:
-        spec.args[index] = resolved_arg(ref, rt.store.get(ref.id))
-    _send_create(rt, spec, options)
 
 
 def _send_create(rt: ClientRuntime, spec: m.ActorSpec,
