@@ -276,8 +276,13 @@ class ClientRuntime:
                     continue
                 self._counts.pop(object_id, None)
                 self._free(object_id, releases, holders)
-        if adds:
-            self.nm.send(m.AddHolds(adds, self.client_id))
+            # Sent under the lock: another thread's add and release of the same
+            # object must reach the node manager in the order they were decided.
+            if adds:
+                self.nm.send(m.AddHolds(adds, self.client_id))
+            self._send_releases(releases, holders)
+
+    def _send_releases(self, releases: list[bytes], holders: list[bytes]) -> None:
         if releases:
             self.nm.send(m.ReleaseHolds(releases, self.client_id))
         for holder in holders:
@@ -606,10 +611,7 @@ class ClientRuntime:
             for object_id in object_ids:
                 if object_id not in self._counts:
                     self._free(object_id, releases, holders)
-        if releases:
-            self.nm.send(m.ReleaseHolds(releases, self.client_id))
-        for holder in holders:
-            self.nm.send(m.ReleaseHolder(holder))
+            self._send_releases(releases, holders)
 
     def caller(self, actor_id: bytes, max_task_retries: int) -> ActorCaller:
         """This process's channel to ``actor_id`` (made on first use)."""

@@ -246,8 +246,11 @@ class TaskSubmitter:
         return record.deps > 0
 
     def shutdown(self) -> None:
+        """Hand every lease back (so its worker is reused, not stopped) and disconnect."""
         for queue in self.queues.values():
             for worker in queue.workers:
+                if not worker.inflight:
+                    self.rt.nm.send(m.ReturnLease(worker.lease_id))
                 worker.conn.on_close = None
                 worker.conn.close("shutdown")
 

@@ -156,10 +156,15 @@ class StoreCore:
 
         Holds added before the seal are kept. Sealing an id that is already
         sealed only adds the holder. An object bigger than the whole capacity
-        is kept anyway (the store runs over capacity until it is freed).
+        is kept anyway (the store runs over capacity until it is freed). An
+        empty ``holder`` holds nothing: unless others hold the object,
+        :meth:`collect` frees it.
         """
         entry = self._entries.setdefault(object_id, _Entry())
-        self._hold(object_id, entry, holder)
+        if holder:
+            self._hold(object_id, entry, holder)
+        else:
+            self._candidates[object_id] = None
         if entry.state is not None:
             return []
         entry.state, entry.size = SEALED, size

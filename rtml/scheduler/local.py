@@ -39,6 +39,11 @@ class StartWorker:
 
 
 @dataclass(frozen=True)
+class StopWorker:
+    worker_id: bytes
+
+
+@dataclass(frozen=True)
 class StartActor:
     """An actor has its resources; start its dedicated worker."""
     actor_id: bytes
@@ -130,8 +135,10 @@ class LocalScheduler:
         subtract(self.available, {CPU: lease.shape.get(CPU, 0.0)})
         return []
 
-    def worker_died(self, worker_id: bytes) -> list[Any]:
-        """A pool worker exited: free its lease and keep the pool at size."""
+    def worker_died(self, worker_id: bytes, was_starting: bool = False) -> list[Any]:
+        """A pool worker exited (``was_starting``: before it was ready): free its lease."""
+        if was_starting:
+            self.starting = max(0, self.starting - 1)
         if worker_id in self.idle:
             self.idle.remove(worker_id)
         lease = self._lease_of(worker_id)
@@ -141,13 +148,14 @@ class LocalScheduler:
         return self.dispatch()
 
     def client_gone(self, client: Any) -> list[Any]:
-        """The owner disconnected: drop its requests and take back its leases."""
+        """The owner disconnected: drop its requests; its leased workers are stopped.
+
+        They may still be running its tasks, whose results have nowhere to go.
+        Their resources come back when they exit (``worker_died``).
+        """
         self.pending = deque(r for r in self.pending if r.client is not client)
-        for lease in [x for x in self.leases.values() if x.client is client]:
-            del self.leases[lease.lease_id]
-            self._release(lease)
-            self.idle.append(lease.worker_id)
-        return self.dispatch()
+        stop = [StopWorker(x.worker_id) for x in self.leases.values() if x.client is client]
+        return [*stop, *self.dispatch()]
 
     # -- actors ------------------------------------------------------------------------------
 

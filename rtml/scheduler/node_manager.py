@@ -33,11 +33,14 @@ from rtml.ids import random_id
 from rtml.rpc import messages as m
 from rtml.rpc.reactor import make_hello
 from rtml.rpc.server import Peer, Service, protocol_factory
-from rtml.scheduler.local import Grant, LocalScheduler, StartActor, StartWorker
+from rtml.scheduler.local import Grant, LocalScheduler, StartActor, StartWorker, StopWorker
 from rtml.scheduler.worker_procs import WorkerLauncher, WorkerProc
 from rtml.session import Session
 
 log = logging.getLogger(__name__)
+
+GONE_CLIENTS_KEPT = 10_000
+"""Disconnected client ids remembered, so late seals on their behalf hold nothing."""
 
 IDLE_WORKER_TICKS = 10
 """Heartbeat ticks (0.5 s each) a worker beyond the pool size may idle before it is stopped."""
@@ -118,6 +121,7 @@ class NodeManager(Service):
         self.stopped = asyncio.Event()
         self.objects = ObjectTableBatch(self.node_id)
         self.plane: ControlPlane | None = None
+        self.gone_clients: dict[bytes, None] = {}  # insertion-ordered, bounded
         self.launcher = WorkerLauncher({**os.environ, TOKEN_ENV: self.token},
                                        self._worker_gone)
 
@@ -208,6 +212,10 @@ class NodeManager(Service):
         self._run(self.sched.client_gone(peer))
         for waiter_id in client.waiters:
             self.waiters.pop(waiter_id, None)
+            self.store.cancel_waiter(waiter_id)
+        self.gone_clients[client.client_id] = None
+        if len(self.gone_clients) > GONE_CLIENTS_KEPT:
+            del self.gone_clients[next(iter(self.gone_clients))]
         self.store.release_holder(client.client_id)
         self._schedule_collect()
         if client.worker is not None:
@@ -252,7 +260,9 @@ class NodeManager(Service):
 
     def _seal(self, peer: Peer, client: Client, msg: m.SealObject) -> None:
         new = not self.store.contains(msg.object_id)
-        commands = self.store.seal(msg.object_id, msg.size, msg.holder)
+        # A result sealed for an owner that already left is held by nobody: freed at once.
+        holder = b"" if msg.holder in self.gone_clients else msg.holder
+        commands = self.store.seal(msg.object_id, msg.size, holder)
         if new:
             self.objects.sealed(msg.object_id, msg.size, msg.holder)
         self._store(commands)
@@ -308,6 +318,8 @@ class NodeManager(Service):
                 self._spawn(b"")
             elif isinstance(command, StartActor):
                 self._spawn(command.actor_id)
+            elif isinstance(command, StopWorker):
+                self.workers[command.worker_id].kill()
 
     def _spawn(self, actor_id: bytes) -> None:
         worker = WorkerProc(random_id(), actor_id)
@@ -332,7 +344,7 @@ class NodeManager(Service):
             self._run(self.sched.actor_gone(worker.actor_id))
             self.head.send(m.ActorWorkerDied(worker.actor_id, reason))
             return
-        self._run(self.sched.worker_died(worker.worker_id))
+        self._run(self.sched.worker_died(worker.worker_id, was_starting=not worker.address))
         if not self.stopped.is_set():
             live = sum(1 for w in self.workers.values() if not w.actor_id)
             self._run(self.sched.ensure_pool(live))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rtml.scheduler.local import Grant, LocalScheduler, StartActor, StartWorker
+from rtml.scheduler.local import Grant, LocalScheduler, StartActor, StartWorker, StopWorker
 
 W1, W2, W3, W4 = b"w1", b"w2", b"w3", b"w4"
 OWNER, OTHER = object(), object()
@@ -134,23 +134,27 @@ def test_infeasible_request_stays_pending() -> None:
     assert not s.pending
 
 
-def test_client_gone_returns_its_leases_and_drops_its_requests() -> None:
+def test_client_gone_stops_its_workers_and_drops_its_requests() -> None:
     s = with_idle(sched(cpus=2), W1, W2)
     (g1,) = grants(s.request_lease(OWNER, 1, ONE_CPU))
     (g2,) = grants(s.request_lease(OTHER, 1, ONE_CPU))
     s.request_lease(OWNER, 2, ONE_CPU)  # pending: no CPU left
     s.request_lease(OTHER, 3, ONE_CPU)  # pending
     cmds = s.client_gone(OWNER)
-    # OWNER's lease came back and its pending request was dropped: OTHER's request gets it
-    got = grants(cmds)
-    assert [(g.client, g.req_id) for g in got] == [(OTHER, 3)]
-    assert got[0].worker_id == g1.worker_id
+    # OWNER's worker may still run its task: it is stopped, not handed to OTHER
+    assert [c.worker_id for c in cmds if isinstance(c, StopWorker)] == [g1.worker_id]
+    assert grants(cmds) == []
     assert all(r.client is not OWNER for r in s.pending)
+    # once that worker has exited and a fresh one is ready, OTHER's request gets it
+    s.worker_died(g1.worker_id)
+    got = grants(s.worker_ready(W3))
+    assert [(g.client, g.req_id, g.worker_id) for g in got] == [(OTHER, 3, W3)]
     assert all(lease.client is not OWNER for lease in s.leases.values())
-    s.client_gone(OTHER)
+    stopped = [c.worker_id for c in s.client_gone(OTHER) if isinstance(c, StopWorker)]
+    assert sorted(stopped) == sorted([g2.worker_id, W3])
+    for worker_id in stopped:
+        s.worker_died(worker_id)
     assert s.available["CPU"] == 2.0 and not s.leases
-    assert set(s.idle) == {W1, W2}
-    assert g2.lease_id not in s.leases
 
 
 def test_worker_died_frees_resources_and_ensure_pool_refills() -> None:
@@ -205,3 +209,12 @@ def test_reap_idle_counts_only_uninterrupted_idleness() -> None:
     s.return_lease(lease.lease_id)
     assert s.reap_idle(ticks=2) == []
     assert s.reap_idle(ticks=2) == [W1]
+
+
+def test_worker_that_dies_while_starting_is_replaced() -> None:
+    s = sched(cpus=2, pool=0)
+    assert len(starts(s.request_lease(OWNER, 1, ONE_CPU))) == 1
+    assert s.starting == 1
+    # e.g. it crashed while importing: the waiting request asks for a new worker
+    assert len(starts(s.worker_died(b"never-ready", was_starting=True))) == 1
+    assert s.starting == 1

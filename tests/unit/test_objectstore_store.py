@@ -324,3 +324,13 @@ def test_public_interface_does_not_drift() -> None:
         ]
     )
     assert all(hasattr(objectstore, name) for name in objectstore.__all__)
+
+
+def test_seal_without_holder_is_freed_by_collect_unless_held() -> None:
+    core = StoreCore(capacity=1000)
+    core.seal(b"lonely", 10, b"")
+    core.add_holds([b"kept"], b"borrower")
+    core.seal(b"kept", 10, b"")
+    deleted = [c.object_id for c in core.collect() if isinstance(c, Delete)]
+    assert deleted == [b"lonely"]
+    assert core.contains(b"kept") and not core.contains(b"lonely")
