@@ -206,10 +206,18 @@ class ClientRuntime:
                         shape)
 
     def _on_nm_closed(self, conn: Connection, reason: str) -> None:
-        if not self.closed:
-            log.error("lost the node manager (%s)", reason)
-            if self.role == "worker":
-                os._exit(1)
+        if self.closed:
+            return
+        log.error("lost the node manager (%s)", reason)
+        if self.role == "worker":
+            os._exit(1)
+        error = RtmlSystemError(f"the node manager at {self.config.nm_address} is gone "
+                                f"({reason}); this driver cannot run tasks any more: call "
+                                f"rtml.shutdown() and rtml.init() again")
+        with self.lock:
+            pending = [r for r in self.submitter.records.values() if not r.done]
+        for record in pending:
+            self.fail_task(record, error)
 
     def _on_head_message(self, conn: Connection, msg: Any) -> None:
         if isinstance(msg, (m.ActorInfo, m.ClusterInfo)):
@@ -501,6 +509,9 @@ class ClientRuntime:
         ``error``: an argument already failed, so the task fails with that error.
         """
         spec = record.spec
+        if self.nm.closed:
+            raise RtmlSystemError(f"the node manager at {self.config.nm_address} is gone; "
+                                  f"call rtml.shutdown() and rtml.init() again")
         if self._refops:
             self.process_refops()
         with self.lock:
