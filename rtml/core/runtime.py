@@ -514,6 +514,11 @@ class ClientRuntime:
                                   f"call rtml.shutdown() and rtml.init() again")
         if self._refops:
             self.process_refops()
+        # Recorded before the task can finish, so its final status is written last.
+        self.writer.submit_task({"task_id": spec.task_id, "name": spec.name,
+                                 "job_id": spec.job_id, "owner_id": self.client_id,
+                                 "function_id": spec.function_id, "status": "PENDING",
+                                 "submit_ts": time.time(), "attempt": 0})
         with self.lock:
             self.submitter.records[spec.task_id] = record
             record.deps = len(pending)
@@ -527,11 +532,6 @@ class ClientRuntime:
         self.flush_sends()
         if error is not None:
             self.fail_task(record, payload=error)
-            return
-        self.writer.submit_task({"task_id": spec.task_id, "name": spec.name,
-                                 "job_id": spec.job_id, "owner_id": self.client_id,
-                                 "function_id": spec.function_id, "status": "PENDING",
-                                 "submit_ts": time.time(), "attempt": 0})
 
     def _dep_ready(self, record: TaskRecord, index: int,
                    ref: ObjectRef) -> Callable[[bytes], None]:

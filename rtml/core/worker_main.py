@@ -33,6 +33,8 @@ from rtml.session import Session
 
 log = logging.getLogger(__name__)
 
+HELLO_MAX_FRAME = 1 << 20
+
 
 class TaskServer:
     """Accepts owners' connections and hands their tasks to the executor.
@@ -51,6 +53,7 @@ class TaskServer:
 
     def accept(self, sock: socket.socket) -> None:
         conn = Connection(self.rt.reactor, sock, self._on_first, name="owner")
+        conn._decoder.max_frame = HELLO_MAX_FRAME  # nothing big before the token is shown
         self.rt.reactor.add(conn)
 
     def _on_first(self, conn: Connection, msg: Any) -> None:
