@@ -294,10 +294,12 @@ class ControlPlane:
         args: list[Arg] = [self.keys.task("")]
         for record in records:
             submit_ts = record.get("submit_ts")
-            args += (record["task_id"].hex(), "" if submit_ts is None else submit_ts,
-                     len(record))
-            for key, value in record.items():
-                args += (key, _encoder.encode(value))
+            # One blob per record, not a field each: a task costs Redis one small HSET.
+            # The submission (field "s") and the latest outcome (field "f") are merged
+            # when read.
+            field = "f" if submit_ts is None else "s"
+            args += (record["task_id"].hex(), "" if submit_ts is None else submit_ts, 1,
+                     field, _encoder.encode(record))
         self._write_tasks(keys=[self.keys.tasks], args=args)
 
     @_redis_errors
@@ -310,8 +312,8 @@ class ControlPlane:
         """
         found: list[dict[str, Any]] = []
         for chunk in self._newest_first(self.keys.tasks):
-            for _, record in self._hashes(self.keys.task, chunk):
-                task = to_jsonable(record)
+            for _, parts in self._hashes(self.keys.task, chunk):
+                task = to_jsonable({**parts.get("s", {}), **parts.get("f", {})})
                 if _matches(task, filters):
                     found.append(task)
                     if len(found) >= limit:
