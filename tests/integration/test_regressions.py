@@ -1,0 +1,251 @@
+"""Regression tests for bugs found in code review (one test per reviewed item).
+
+Every ``get`` carries a timeout so that a regression fails instead of hanging.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import rtml
+from rtml.exceptions import TaskError
+
+# Exception classes live at module level so workers and the driver can both import them.
+
+
+class TwoArgError(Exception):
+    """Required two-argument __init__; ``args`` holds both, so it pickles fine."""
+
+    def __init__(self, a, b) -> None:
+        super().__init__(a, b)
+        self.a = a
+
+
+class LockHoldingError(RuntimeError):
+    """Carries an unpicklable attribute."""
+
+
+class BadRoundTripError(Exception):
+    """``args`` has one value but __init__ needs two: ``cls(*args)`` raises TypeError."""
+
+    def __init__(self, a, b) -> None:
+        super().__init__(a)
+        self.b = b
+
+
+# --- remote functions and actors ------------------------------------------------------------
+
+BIG_N = 20_000_000  # 160 MB of float64
+
+
+@rtml.remote
+def produce_big() -> np.ndarray:
+    return np.full(BIG_N, 7.0)
+
+
+@rtml.remote
+def consume_nested(lst: list) -> tuple[float, float]:
+    r = lst[0]
+    deadline = time.monotonic() + 60
+    while not rtml.wait([r], timeout=0)[0]:
+        if time.monotonic() > deadline:
+            raise TimeoutError("producer result never became ready")
+    arr = rtml.get(r, timeout=30)
+    return float(arr.min()), float(arr.max())
+
+
+@rtml.remote
+def raise_two_arg(value: int) -> None:
+    raise TwoArgError(value, "second")
+
+
+@rtml.remote
+def add_one(x: int) -> int:
+    return x + 1
+
+
+@rtml.remote
+def raise_with_lock() -> None:
+    e = LockHoldingError("lock-bearing failure 4417")
+    e.lock = threading.Lock()
+    raise e
+
+
+@rtml.remote(retry_exceptions=[KeyError], max_retries=1)
+def raise_bad_round_trip_retryable() -> None:
+    raise BadRoundTripError("round trip 8812", "b")
+
+
+@rtml.remote
+def raise_bad_round_trip_plain() -> None:
+    raise BadRoundTripError("round trip 8812", "b")
+
+
+@rtml.remote
+def fail_after_delay() -> int:
+    time.sleep(0.3)
+    raise ValueError("dependency failed 5521")
+
+
+@rtml.remote
+def slow_array() -> np.ndarray:
+    time.sleep(1.0)
+    return np.full(262_144, 3.0)  # 2 MB
+
+
+@rtml.remote
+def slow_small() -> int:
+    time.sleep(1.0)
+    return 42
+
+
+@rtml.remote
+class Holder:
+    def __init__(self, arr=None, small=None) -> None:
+        if arr is None:
+            self.seen = None
+        else:
+            self.seen = (arr.shape, float(arr.min()), float(arr.max()), small)
+
+    def echo(self, x):
+        return x
+
+    def ping(self) -> str:
+        return "pong"
+
+    def seen_args(self):
+        return self.seen
+
+
+# Longer than the caller's 10 s connection-handshake timeout: a worker that only
+# accepted new callers between calls made the caller's handshake fail.
+SLOW_S = 12.0
+
+
+@rtml.remote
+class SlowActor:
+    def slow(self) -> str:
+        time.sleep(SLOW_S)
+        return "slow"
+
+    def ping(self) -> str:
+        return "pong"
+
+
+@rtml.remote
+def call_ping(h) -> str:
+    return rtml.get(h.ping.remote(), timeout=SLOW_S + 20)
+
+
+@rtml.remote
+def child_task() -> int:
+    return 1
+
+
+@rtml.remote
+def parent_waits() -> int:
+    r = child_task.remote()
+    ready, _ = rtml.wait([r], num_returns=1, timeout=20)
+    return len(ready)
+
+
+# --- tests -------------------------------------------------------------------------------------
+
+
+def test_large_result_never_read_half_written(cluster) -> None:
+    for _ in range(3):
+        p = produce_big.remote()
+        assert rtml.get(consume_nested.remote([p]), timeout=90) == (7.0, 7.0)
+        del p
+
+
+def test_exception_with_two_required_args(cluster) -> None:
+    with pytest.raises(TaskError) as info:
+        rtml.get(raise_two_arg.remote(1234), timeout=30)
+    err = info.value
+    assert isinstance(err, TwoArgError)
+    assert isinstance(err.cause, TwoArgError)
+    assert err.cause.a == 1234
+    assert rtml.get(add_one.remote(1), timeout=30) == 2
+
+
+def test_unpicklable_exception_attribute_is_task_error(cluster) -> None:
+    with pytest.raises(TaskError) as info:
+        rtml.get(raise_with_lock.remote(), timeout=30)
+    text = str(info.value)
+    assert "raise_with_lock" in text
+    assert "lock-bearing failure 4417" in text
+    # No lease leaked: two tasks at once still fit on the 2-CPU cluster.
+    assert rtml.get([add_one.remote(10), add_one.remote(20)], timeout=30) == [11, 21]
+
+
+@pytest.mark.parametrize("fn", [raise_bad_round_trip_retryable, raise_bad_round_trip_plain],
+                         ids=["retry_exceptions", "plain"])
+def test_exception_failing_unpickle_is_task_error(cluster, fn) -> None:
+    with pytest.raises(TaskError) as info:
+        rtml.get(fn.remote(), timeout=30)
+    assert not isinstance(info.value, TypeError)
+    assert rtml.get(add_one.remote(2), timeout=30) == 3
+
+
+def test_failed_dependency_does_not_block_actor_queue(cluster) -> None:
+    a = Holder.remote()
+    assert rtml.get(a.ping.remote(), timeout=30) == "pong"
+    r1 = a.echo.remote(fail_after_delay.remote())
+    r2 = a.ping.remote()
+    with pytest.raises(ValueError) as info:
+        rtml.get(r1, timeout=30)
+    assert isinstance(info.value, TaskError)
+    assert "dependency failed 5521" in str(info.value)
+    assert rtml.get(r2, timeout=30) == "pong"
+    assert rtml.get(a.ping.remote(), timeout=30) == "pong"
+
+
+def test_actor_with_pending_ref_arguments(cluster) -> None:
+    a = Holder.remote(slow_array.remote(), slow_small.remote())
+    ping = a.ping.remote()
+    seen = a.seen_args.remote()
+    assert rtml.get(ping, timeout=30) == "pong"
+    assert rtml.get(seen, timeout=30) == ((262_144,), 3.0, 3.0, 42)
+
+
+def test_busy_sync_actor_admits_new_caller(cluster) -> None:
+    a = SlowActor.remote()
+    assert rtml.get(a.ping.remote(), timeout=30) == "pong"
+    s = a.slow.remote()
+    time.sleep(0.3)
+    assert rtml.get(call_ping.remote(a), timeout=SLOW_S + 40) == "pong"
+    assert rtml.get(s, timeout=30) == "slow"
+
+
+def test_wait_inside_task_lends_cpu(start_cluster) -> None:
+    start_cluster(num_cpus=1)
+    assert rtml.get(parent_waits.remote(), timeout=40) == 1
+
+
+def test_wait_on_many_finished_refs_preserves_order(cluster) -> None:
+    refs = [rtml.put(i) for i in range(5000)]
+    ready, not_ready = rtml.wait(refs, num_returns=5000, timeout=60)
+    assert ready == refs
+    assert not_ready == []
+    ready, not_ready = rtml.wait(refs, num_returns=10, timeout=60)
+    assert ready == refs[:10]
+    assert not_ready == refs[10:]
+    assert rtml.get(ready, timeout=30) == list(range(10))
+
+
+def test_idle_driver_frees_dropped_object(cluster) -> None:
+    gc.collect()
+    time.sleep(0.5)  # let releases from earlier tests settle
+    before = rtml.api._store_stats()["num_objects"]
+    ref = rtml.put(np.full(262_144, 1.0))  # 2 MB: lives in the store
+    assert rtml.api._store_stats()["num_objects"] == before + 1
+    del ref
+    gc.collect()
+    time.sleep(0.5)  # no rtml call in between: the release must go out on its own
+    assert rtml.api._store_stats()["num_objects"] == before
