@@ -522,13 +522,20 @@ class ClientRuntime:
         with self.lock:
             self.submitter.records[spec.task_id] = record
             record.deps = len(pending)
+            arrived: list[tuple[Callable[[bytes], None], bytes]] = []
             if error is None:
                 for index, ref in pending:
-                    self.store.add_waiter(ref.id, self._dep_ready(record, index, ref))
+                    ready = self._dep_ready(record, index, ref)
+                    if ref.id in self.store.entries:  # finished since the args were built
+                        arrived.append((ready, ref.id))
+                    else:
+                        self.store.add_waiter(ref.id, ready)
                 if spec.actor_id:
                     self.caller(spec.actor_id, record.max_retries).call(record)
                 elif not record.deps:
                     self.submitter.enqueue(record)
+        for ready, object_id in arrived:
+            ready(object_id)
         self.flush_sends()
         if error is not None:
             self.fail_task(record, payload=error)
@@ -581,11 +588,11 @@ class ClientRuntime:
         for ret in msg.returns:
             entry: Entry = ret.value if ret.value is not None else IN_STORE
             callbacks += [(cb, ret.object_id) for cb in self._set_entry(ret.object_id, entry)]
+        for callback, object_id in callbacks:  # wake getters first; bookkeeping can wait
+            callback(object_id)
         self._finish(record, "FAILED" if msg.returns and msg.returns[0].is_error else "FINISHED",
                      {"start_ts": msg.start_ts, "end_ts": msg.end_ts,
                       "worker_pid": msg.worker_pid, "node_id": msg.node_id})
-        for callback, object_id in callbacks:
-            callback(object_id)
 
     def fail_task(self, record: TaskRecord, error: BaseException | None = None,
                   payload: m.Payload | None = None) -> None:

@@ -271,7 +271,10 @@ class Reactor:
         self.thread_id = threading.get_ident()
         try:
             while self._running:
-                self._run_once()
+                try:
+                    self._run_once()
+                except Exception:  # the loop must outlive any one bad event
+                    log.exception("%s: reactor iteration failed", self.name)
         finally:
             self._running = False
 
@@ -319,7 +322,7 @@ class Reactor:
 
     def add(self, conn: Connection) -> Connection:
         """Start reading ``conn`` (thread-safe)."""
-        self.call_soon(self._sel.register, conn.sock, selectors.EVENT_READ, conn)
+        self.call_soon(self._register, conn)
         return conn
 
     def listen(self, sock: socket.socket, accept: Callable[[socket.socket], None]) -> None:
@@ -347,9 +350,23 @@ class Reactor:
             if not conn.closed and not conn._flush():
                 self._want_write(conn)
 
+    def _register(self, conn: Connection) -> None:
+        if not conn.closed and conn.sock.fileno() >= 0:
+            try:
+                self._sel.register(conn.sock, selectors.EVENT_READ, conn)
+            except KeyError:  # already registered early by _interest
+                pass
+
     def _want_write(self, conn: Connection) -> None:
         if not conn.closed:
-            self._sel.modify(conn.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, conn)
+            self._interest(conn, selectors.EVENT_READ | selectors.EVENT_WRITE)
+
+    def _interest(self, conn: Connection, events: int) -> None:
+        """Set what the selector watches ``conn`` for (registering it if still pending)."""
+        try:
+            self._sel.modify(conn.sock, events, conn)
+        except KeyError:
+            self._sel.register(conn.sock, events, conn)
 
     def _forget(self, conn: Connection) -> None:
         try:
@@ -374,7 +391,7 @@ class Reactor:
                 self._guard(self._accept, conn)
                 continue
             if events & selectors.EVENT_WRITE and conn._flush() and not conn.closed:
-                self._sel.modify(conn.sock, selectors.EVENT_READ, conn)
+                self._interest(conn, selectors.EVENT_READ)
             if events & selectors.EVENT_READ and not conn.closed:
                 self._guard(conn._on_readable)
         self._run_calls()
