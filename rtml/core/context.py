@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-import threading
+import contextvars
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rtml.core.runtime import ClientRuntime
 
 _runtime: ClientRuntime | None = None
-_task = threading.local()
+_task_id: contextvars.ContextVar[bytes | None] = contextvars.ContextVar("rtml_task_id",
+                                                                        default=None)
+"""Per thread and per asyncio task, so concurrent actor calls each see their own."""
 
 
 def set_runtime(runtime: ClientRuntime | None) -> None:
@@ -29,7 +31,7 @@ def require_runtime() -> ClientRuntime:
 
 
 def set_current_task(task_id: bytes | None) -> None:
-    _task.task_id = task_id
+    _task_id.set(task_id)
 
 
 _actor_id: bytes | None = None
@@ -53,7 +55,7 @@ class RuntimeContext:
         return self._rt.job_id.hex()
 
     def get_task_id(self) -> str | None:
-        task_id = getattr(_task, "task_id", None)
+        task_id = _task_id.get()
         return task_id.hex() if task_id else None
 
     def get_actor_id(self) -> str | None:

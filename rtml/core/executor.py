@@ -75,6 +75,7 @@ class Executor:
         async with self.semaphore:
             start = time.time()
             try:
+                context.set_current_task(spec.task_id)  # this asyncio task's own context
                 method, args, kwargs = self._prepare(spec)
                 value = method(*args, **kwargs)
                 if inspect.isawaitable(value):

@@ -5,6 +5,7 @@ Every ``get`` carries a timeout so that a regression fails instead of hanging.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import threading
 import time
@@ -272,3 +273,16 @@ def test_dependency_that_finishes_before_submission_is_seen(
     monkeypatch.setattr(runtime_cls, "submit", late_submit)
     first = _plus_one.remote(0)
     assert rtml.get(_plus_one.remote(first), timeout=30) == 2
+
+
+@rtml.remote
+class _AsyncTaskIds:
+    async def task_id(self) -> str | None:
+        await asyncio.sleep(0.05)  # overlap with the other calls
+        return rtml.get_runtime_context().get_task_id()
+
+
+def test_concurrent_async_actor_calls_each_see_their_own_task_id(cluster: None) -> None:
+    actor = _AsyncTaskIds.remote()
+    refs = [actor.task_id.remote() for _ in range(4)]
+    assert rtml.get(refs, timeout=30) == [ref.hex()[:32] for ref in refs]
