@@ -69,7 +69,8 @@ def init(address: str | None = None, *, num_cpus: float | None = None,
             head_address, nm_address = _embedded.head_address, _embedded.nm_address
         else:
             session, head_address, nm_address, token = _join_info(address, token)
-        rt = _connect(session, head_address, nm_address, token, namespace or "")
+        rt = _connect(session, head_address, nm_address, token, namespace or "",
+                      log_to_driver)
         context.set_runtime(rt)
         _context = InitContext({"address": head_address, "node_id": rt.node_id.hex(),
                                 "session_dir": str(session.root)})
@@ -96,12 +97,13 @@ def _join_info(address: str, token: str | None) -> tuple[Session, str, str, str]
 
 
 def _connect(session: Session, head_address: str, nm_address: str, token: str,
-             namespace: str) -> ClientRuntime:
+             namespace: str, log_to_driver: bool) -> ClientRuntime:
     job_id = new_job_id()
     paths = [os.getcwd(), *_project_paths()]
     rt = ClientRuntime(ClientConfig("driver", token, nm_address, head_address,
                                     str(session.root), job_id, namespace=namespace,
-                                    sys_paths=tuple(dict.fromkeys(paths))))
+                                    sys_paths=tuple(dict.fromkeys(paths)),
+                                    log_to_driver=log_to_driver))
     try:
         rt.connect()
     except BaseException:

@@ -49,7 +49,7 @@ class TaskError(RtmlError):
         if cause_cls is None or isinstance(self, cause_cls) or not _subclassable(cause_cls):
             return self
         cls = _dual_class(cause_cls)
-        err: TaskError = Exception.__new__(cls)
+        err: TaskError = cls.__new__(cls)  # type: ignore[call-overload]
         TaskError.__init__(err, self.task_name, self.traceback_text, self.cause,
                            self.pid, self.node_id)
         err.args = getattr(self.cause, "args", err.args)

@@ -19,6 +19,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from typing import Any
 
 import cloudpickle
@@ -47,6 +48,7 @@ class Executor:
     def __init__(self, rt: ClientRuntime) -> None:
         self.rt = rt
         self.current: bytes | None = None
+        self.current_job = b""  # whose task last ran here: its drivers get our output
         self.cancelled: set[bytes] = set()
         self.instance: Any = None
         self.actor: m.ActorSpec | None = None
@@ -66,7 +68,11 @@ class Executor:
             self._run_and_reply(conn, spec)
 
     def _run_and_reply(self, conn: Connection, spec: m.TaskSpec) -> None:
-        result = self.execute(spec)
+        try:
+            result = self.execute(spec)
+        except Exception as exc:  # a bug of ours: the owner must still get an answer
+            log.exception("executing %s failed", spec.name)
+            result = self._result(spec, self._plain_error_returns(spec, exc), time.time())
         self.rt.process_refops()
         conn.send(result)
 
@@ -116,6 +122,7 @@ class Executor:
         return self._result(spec, returns, start)
 
     def _prepare(self, spec: m.TaskSpec) -> tuple[Any, list[Any], dict[str, Any]]:
+        self.current_job = spec.job_id
         if spec.actor_id:
             if self.instance is None or self.actor is None or spec.actor_id != self.actor.actor_id:
                 raise RtmlError(f"this worker is not actor {spec.actor_id.hex()}")
@@ -182,6 +189,12 @@ class Executor:
                               f"not be pickled: {unpicklable})", None, error.pid, error.node_id)
             payload = serialize(StoredError(plain)).to_payload(True)
         return self._error_returns(spec, payload)
+
+    def _plain_error_returns(self, spec: m.TaskSpec,
+                             exc: BaseException) -> list[m.ReturnObject]:
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        error = TaskError(spec.name, text, None, os.getpid(), self.rt.node_id.hex())
+        return self._error_returns(spec, serialize(StoredError(error)).to_payload(True))
 
     def _error_returns(self, spec: m.TaskSpec, payload: m.Payload) -> list[m.ReturnObject]:
         return [m.ReturnObject(oid, payload, len(payload.data), True) for oid in return_ids(spec)]

@@ -18,6 +18,7 @@ import concurrent.futures
 import itertools
 import logging
 import os
+import sys
 import threading
 import time
 import traceback
@@ -67,6 +68,7 @@ class ClientConfig:
     client_id: bytes = field(default_factory=lambda: random_id())
     namespace: str = ""
     sys_paths: tuple[str, ...] = ()
+    log_to_driver: bool = True
 
 
 class ClientRuntime:
@@ -192,6 +194,11 @@ class ClientRuntime:
             self.submitter.on_lease_failed(msg)
         elif isinstance(msg, m.LeaseInfeasible):
             self._warn_infeasible(msg.shape)
+        elif isinstance(msg, m.WorkerOutput):
+            if self.config.log_to_driver:
+                prefix = f"(pid={msg.pid}) "
+                sys.stdout.write("".join(prefix + line for line in msg.text.splitlines(True)))
+                sys.stdout.flush()
         elif self.nm_extra_handler is not None:
             self.nm_extra_handler(msg)
 

@@ -23,6 +23,7 @@ from typing import Any
 from rtml.config import TOKEN_ENV
 from rtml.core import context
 from rtml.core.executor import Executor
+from rtml.core.output import OutputTee
 from rtml.core.runtime import ClientConfig, ClientRuntime
 from rtml.exceptions import ProtocolError
 from rtml.rpc import messages as m
@@ -118,6 +119,9 @@ def main(argv: list[str]) -> int:
     rt.blocked_hook = BlockedCounter(rt).change
     rt.connect()
     context.set_runtime(rt)
+    job = lambda: executor.current_job  # noqa: E731 - read at write time
+    sys.stdout = OutputTee(sys.stdout, rt.nm.send, job)
+    sys.stderr = OutputTee(sys.stderr, rt.nm.send, job)
     path = str(session.sockets / f"w-{cfg['worker_id'][:16]}.sock")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)

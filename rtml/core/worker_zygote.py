@@ -17,6 +17,7 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Iterator
 
 from rtml.core import worker_main
 from rtml.daemon import die_with_parent
@@ -25,16 +26,22 @@ from rtml.daemon import die_with_parent
 def main(argv: list[str]) -> int:
     die_with_parent()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
-    requests = os.fdopen(0, "r")
-    replies = os.fdopen(1, "w", buffering=1)
-    for line in requests:
-        request = json.loads(line)
+    # Raw fds, no file objects: a child must not inherit wrappers that would close
+    # its fds 0 and 1 (by then its stdin and log) when collected.
+    for line in _lines(0):
         pid = os.fork()
         if pid == 0:
-            requests.close()
-            os._exit(_child(request))
-        replies.write(f"{pid}\n")
+            os._exit(_child(json.loads(line)))
+        os.write(1, f"{pid}\n".encode())
     return 0
+
+
+def _lines(fd: int) -> Iterator[bytes]:
+    buffered = b""
+    while chunk := os.read(fd, 65536):
+        buffered += chunk
+        *lines, buffered = buffered.split(b"\n")
+        yield from lines
 
 
 def _child(request: dict[str, str]) -> int:
@@ -45,6 +52,8 @@ def _child(request: dict[str, str]) -> int:
     os.dup2(null_fd, 0)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
+    os.close(log_fd)
+    os.close(null_fd)
     sys.stdin = open(0)  # noqa: SIM115 - the worker's stdio for its whole life
     sys.stdout = open(1, "w", buffering=1)  # noqa: SIM115
     sys.stderr = open(2, "w", buffering=1)  # noqa: SIM115

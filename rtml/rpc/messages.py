@@ -192,6 +192,13 @@ class WorkerListening(Msg, tag=41):
     address: str
 
 
+class WorkerOutput(Msg, tag=44):
+    """Lines a worker printed, forwarded by its node manager to the job's drivers."""
+    pid: int
+    job_id: bytes
+    text: str
+
+
 class ActorSpec(msgspec.Struct, array_like=True):
     actor_id: bytes
     job_id: bytes
@@ -310,7 +317,7 @@ Message = (
     Hello | HelloReply | PushTask | TaskResult | RequestLease | LeaseGranted | LeaseFailed
     | ReturnLease | CancelLeaseRequest | LeaseInfeasible | WorkerBlocked | WorkerUnblocked | SealObject | AddHolds
     | ReleaseHolds | ReleaseHolder | WaitObject | ObjectAvailable | CancelTask | StoreStats
-    | StoreStatsReply | CancelRunning | WorkerListening | BecomeActor | ActorReady
+    | StoreStatsReply | CancelRunning | WorkerListening | WorkerOutput | BecomeActor | ActorReady
     | RegisterNode | NodeHeartbeat | RegisterJob | CreateActor | GetActorInfo | ActorInfo
     | KillActor | StartActor | ActorStarted | ActorWorkerDied | KillActorWorker
     | GetClusterInfo | ClusterInfo | Shutdown

@@ -99,6 +99,7 @@ class ObjectTableBatch:
 class Client:
     client_id: bytes
     role: str
+    job_id: bytes = b""
     worker: WorkerProc | None = None
     waiters: set[int] = field(default_factory=set)
 
@@ -122,6 +123,7 @@ class NodeManager(Service):
         self.objects = ObjectTableBatch(self.node_id)
         self.plane: ControlPlane | None = None
         self.gone_clients: dict[bytes, None] = {}  # insertion-ordered, bounded
+        self.drivers: set[Peer] = set()
         self.launcher = WorkerLauncher({**os.environ, TOKEN_ENV: self.token},
                                        self._worker_gone)
 
@@ -190,7 +192,9 @@ class NodeManager(Service):
     # -- connections -------------------------------------------------------------------------
 
     def on_hello(self, peer: Peer, hello: m.Hello) -> m.HelloReply:
-        client = Client(hello.client_id, hello.role)
+        client = Client(hello.client_id, hello.role, hello.job_id)
+        if hello.role == "driver":
+            self.drivers.add(peer)
         worker = self.workers.get(hello.client_id) if hello.role == "worker" else None
         if worker is not None:
             worker.peer = peer
@@ -209,6 +213,7 @@ class NodeManager(Service):
 
     def on_disconnect(self, peer: Peer) -> None:
         client: Client = peer.context
+        self.drivers.discard(peer)
         self._run(self.sched.client_gone(peer))
         for waiter_id in client.waiters:
             self.waiters.pop(waiter_id, None)
@@ -251,6 +256,11 @@ class NodeManager(Service):
             peer.send(m.BecomeActor(self.actor_specs[worker.actor_id]))
         else:
             self._run(self.sched.worker_ready(worker.worker_id))
+
+    def _output(self, peer: Peer, client: Client, msg: m.WorkerOutput) -> None:
+        for driver in self.drivers:
+            if not msg.job_id or driver.context.job_id == msg.job_id:
+                driver.send(msg)
 
     def _actor_ready(self, peer: Peer, client: Client, msg: m.ActorReady) -> None:
         worker = client.worker
@@ -304,6 +314,7 @@ class NodeManager(Service):
         m.ActorReady: _actor_ready, m.SealObject: _seal, m.AddHolds: _add_holds,
         m.ReleaseHolds: _release_holds, m.ReleaseHolder: _release_holder,
         m.WaitObject: _wait_object, m.CancelTask: _cancel_task, m.StoreStats: _stats,
+        m.WorkerOutput: _output,
     }
 
     # -- scheduler commands ------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import threading
 import time
 
@@ -286,3 +287,25 @@ def test_concurrent_async_actor_calls_each_see_their_own_task_id(cluster: None) 
     actor = _AsyncTaskIds.remote()
     refs = [actor.task_id.remote() for _ in range(4)]
     assert rtml.get(refs, timeout=30) == [ref.hex()[:32] for ref in refs]
+
+
+@rtml.remote
+def _chatty(tag: str) -> int:
+    print(f"line one of {tag}")
+    print("line two,", end="")
+    print(f" finished by {tag}")
+    return os.getpid()
+
+
+def test_worker_prints_reach_the_driver_prefixed_with_the_pid(
+        cluster: None, capsys: pytest.CaptureFixture[str]) -> None:
+    pid = rtml.get(_chatty.remote("T1"), timeout=30)
+    expected = [f"(pid={pid}) line one of T1", f"(pid={pid}) line two, finished by T1"]
+    deadline = time.monotonic() + 10
+    seen = ""
+    while time.monotonic() < deadline:
+        seen += capsys.readouterr().out
+        if all(line in seen for line in expected):
+            break
+        time.sleep(0.05)
+    assert all(line in seen.splitlines() for line in expected), seen
