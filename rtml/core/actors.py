@@ -10,23 +10,20 @@ Calls from one caller travel over one connection, so the actor sees them in orde
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import logging
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-import cloudpickle
-
 from rtml.core import context
 from rtml.core.arguments import build_args
-from rtml.core.object_ref import ObjectRef
 from rtml.core.options import ACTOR_OPTIONS, METHOD_OPTIONS, check_options
+from rtml.core.remote_function import Exported, submit_call
 from rtml.core.submitter import TaskRecord
 from rtml.exceptions import ActorDiedError
-from rtml.ids import new_task_id, object_id_for, random_id
+from rtml.ids import random_id
 from rtml.rpc import messages as m
-from rtml.rpc.reactor import Connection, make_hello, open_connection
+from rtml.rpc.reactor import Connection
 from rtml.scheduler.resources import task_shape
 
 if TYPE_CHECKING:
@@ -35,14 +32,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class ActorClass:
+class ActorClass(Exported):
     """A class whose instances live in their own worker processes."""
 
     def __init__(self, cls: type, options: dict[str, Any]) -> None:
+        super().__init__(cls)
         self._cls = cls
         self._options = check_options(dict(options), ACTOR_OPTIONS, "an actor class")
-        self._blob: bytes | None = None
-        self._class_id = b""
         self.__name__ = cls.__name__
         self.__doc__ = cls.__doc__
 
@@ -56,13 +52,6 @@ class ActorClass:
 
     def remote(self, *args: Any, **kwargs: Any) -> ActorHandle:
         return self._create(self._options, args, kwargs)
-
-    def _export(self, rt: ClientRuntime) -> bytes:
-        if self._blob is None:
-            self._blob = cloudpickle.dumps(self._cls)
-            self._class_id = hashlib.sha1(self._blob).digest()
-        rt.export_function(self._class_id, self._blob)
-        return self._class_id
 
     def _create(self, options: dict[str, Any], args: tuple[Any, ...],
                 kwargs: dict[str, Any]) -> ActorHandle:
@@ -172,25 +161,13 @@ class ActorMethod:
         return ActorMethod(self._handle, self._name, {**self._opts, **options})
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
-        rt = context.require_runtime()
         handle = self._handle
-        num_returns = self._opts.get("num_returns", 1)
-        built = build_args(rt, args, kwargs)
-        task_id = new_task_id()
-        return_ids = [object_id_for(task_id, i + 1) for i in range(num_returns)]
-        name = self._opts.get("name") or f"{handle._class_name}.{self._name}"
-        spec = m.TaskSpec(task_id, rt.job_id, name, b"", built.args, built.kwarg_names,
-                          num_returns, rt.client_id, actor_id=handle._actor_id,
-                          method=self._name)
-        record = TaskRecord(spec, {}, handle._max_task_retries, False, built.keep_alive,
-                            return_ids, has_contained=bool(built.contained))
-        if built.contained:
-            rt.nm.send(m.AddHolds(built.contained, task_id))
-        refs = [ObjectRef(oid, rt.client_id) for oid in return_ids]
-        rt.submit(record, built.pending, built.error)
-        if num_returns == 1:
-            return refs[0]
-        return refs if num_returns > 1 else None
+        return submit_call(context.require_runtime(),
+                           name=self._opts.get("name") or f"{handle._class_name}.{self._name}",
+                           function_id=b"", args=args, kwargs=kwargs,
+                           num_returns=self._opts.get("num_returns", 1), shape={},
+                           max_retries=handle._max_task_retries, retry_exceptions=False,
+                           actor_id=handle._actor_id, method=self._name)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(f"actor method {self._name!r} cannot be called directly; "
@@ -258,7 +235,7 @@ class ActorCaller:
     def _on_info(self, info: m.ActorInfo) -> None:
         if info.state == "ALIVE":
             try:
-                conn = self._connect(info.address)
+                conn = self.rt.connect_worker(info.address, self._on_message, self._on_closed)
             except Exception as exc:
                 log.info("actor %s unreachable at %s: %s", self.actor_id.hex(), info.address,
                          exc)
@@ -278,12 +255,6 @@ class ActorCaller:
             self.queue.clear()
         for record in failed:
             self._fail(record)
-
-    def _connect(self, address: str) -> Connection:
-        rt = self.rt
-        hello = make_hello(rt.token, "driver", rt.client_id, rt.job_id, rt.sys_paths)
-        conn, _ = open_connection(rt.reactor, address, hello, self._on_message, self._on_closed)
-        return conn
 
     def _on_message(self, conn: Connection, msg: Any) -> None:
         if isinstance(msg, m.TaskResult):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
@@ -14,18 +14,55 @@ from rtml.core.options import TASK_OPTIONS, check_options
 from rtml.core.submitter import TaskRecord
 from rtml.ids import new_task_id, object_id_for
 from rtml.rpc import messages as m
-from rtml.scheduler.resources import task_shape
+from rtml.scheduler.resources import Shape, task_shape
+
+if TYPE_CHECKING:
+    from rtml.core.runtime import ClientRuntime
 
 
-class RemoteFunction:
+class Exported:
+    """Code shipped to workers once: pickled on first use, stored by content hash."""
+
+    def __init__(self, target: Any) -> None:
+        self._target = target
+        self._blob: bytes | None = None
+        self._function_id = b""
+
+    def _export(self, rt: ClientRuntime) -> bytes:
+        if self._blob is None:
+            self._blob = cloudpickle.dumps(self._target)
+            self._function_id = hashlib.sha1(self._blob).digest()
+        rt.export_function(self._function_id, self._blob)
+        return self._function_id
+
+
+def submit_call(rt: ClientRuntime, *, name: str, function_id: bytes, args: tuple[Any, ...],
+                kwargs: dict[str, Any], num_returns: int, shape: Shape, max_retries: int,
+                retry_exceptions: Any, actor_id: bytes = b"", method: str = "") -> Any:
+    """Submit one task or actor call; its ref (a list for several returns, None for 0)."""
+    built = build_args(rt, args, kwargs)
+    task_id = new_task_id()
+    return_ids = [object_id_for(task_id, i + 1) for i in range(num_returns)]
+    spec = m.TaskSpec(task_id, rt.job_id, name, function_id, built.args, built.kwarg_names,
+                      num_returns, rt.client_id, actor_id=actor_id, method=method)
+    record = TaskRecord(spec, shape, max_retries, retry_exceptions, built.keep_alive,
+                        return_ids, has_contained=bool(built.contained))
+    if built.contained:
+        rt.nm.send(m.AddHolds(built.contained, task_id))
+    refs = [ObjectRef(oid, rt.client_id) for oid in return_ids]
+    rt.submit(record, built.pending, built.error)
+    if num_returns == 1:
+        return refs[0]
+    return refs if num_returns > 1 else None
+
+
+class RemoteFunction(Exported):
     """A function that runs as a task on the cluster."""
 
     def __init__(self, function: Any, options: dict[str, Any]) -> None:
-        self._function = function
+        super().__init__(function)
         self._options = check_options(dict(options), TASK_OPTIONS, "a remote function")
         self._name = getattr(function, "__qualname__", repr(function))
-        self._blob: bytes | None = None
-        self._function_id = b""
         self.__doc__ = function.__doc__
         self.__name__ = getattr(function, "__name__", self._name)
 
@@ -41,35 +78,16 @@ class RemoteFunction:
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         return self._submit(self._options, args, kwargs)
 
-    def _export(self, rt: Any) -> bytes:
-        if self._blob is None:
-            self._blob = cloudpickle.dumps(self._function)
-            self._function_id = hashlib.sha1(self._blob).digest()
-        rt.export_function(self._function_id, self._blob)
-        return self._function_id
-
     def _submit(self, options: dict[str, Any], args: tuple[Any, ...],
                 kwargs: dict[str, Any]) -> Any:
         rt = context.require_runtime()
-        function_id = self._export(rt)
-        num_returns = options.get("num_returns", 1)
         shape = task_shape(options.get("num_cpus"), options.get("num_gpus"),
                            options.get("memory"), options.get("resources"))
-        built = build_args(rt, args, kwargs)
-        task_id = new_task_id()
-        return_ids = [object_id_for(task_id, i + 1) for i in range(num_returns)]
-        spec = m.TaskSpec(task_id, rt.job_id, options.get("name") or self._name, function_id,
-                          built.args, built.kwarg_names, num_returns, rt.client_id)
-        record = TaskRecord(spec, shape, options.get("max_retries", 3),
-                            options.get("retry_exceptions", False), built.keep_alive,
-                            return_ids, has_contained=bool(built.contained))
-        if built.contained:
-            rt.nm.send(m.AddHolds(built.contained, task_id))
-        refs = [ObjectRef(oid, rt.client_id) for oid in return_ids]
-        rt.submit(record, built.pending, built.error)
-        if num_returns == 1:
-            return refs[0]
-        return refs if num_returns > 1 else None
+        return submit_call(rt, name=options.get("name") or self._name,
+                           function_id=self._export(rt), args=args, kwargs=kwargs,
+                           num_returns=options.get("num_returns", 1), shape=shape,
+                           max_retries=options.get("max_retries", 3),
+                           retry_exceptions=options.get("retry_exceptions", False))
 
 
 class _Bound:

@@ -45,7 +45,14 @@ from rtml.exceptions import (
 )
 from rtml.ids import new_task_id, object_id_for, random_id, task_of
 from rtml.rpc import messages as m
-from rtml.rpc.reactor import Connection, Reactor, make_hello, open_connection
+from rtml.rpc.reactor import (
+    CloseHandler,
+    Connection,
+    Handler,
+    Reactor,
+    make_hello,
+    open_connection,
+)
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +163,13 @@ class ClientRuntime:
             except IndexError:
                 return
             conn.flush_now()
+
+    def connect_worker(self, address: str, handler: Handler,
+                       on_close: CloseHandler) -> Connection:
+        """An authenticated connection to a worker, as an owner of this job."""
+        hello = make_hello(self.token, "driver", self.client_id, self.job_id, self.sys_paths)
+        conn, _ = open_connection(self.reactor, address, hello, handler, on_close)
+        return conn
 
     def next_request_id(self) -> int:
         return next(self._req_ids)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from rtml.config import LEASE_IDLE_TIMEOUT
 from rtml.exceptions import TaskCancelledError, WorkerCrashedError
 from rtml.rpc import messages as m
-from rtml.rpc.reactor import Connection, make_hello, open_connection
+from rtml.rpc.reactor import Connection
 from rtml.scheduler.resources import Shape, shape_key
 
 if TYPE_CHECKING:
@@ -125,7 +125,8 @@ class TaskSubmitter:
             self.rt.nm.send(m.ReturnLease(msg.lease_id))
             return
         try:
-            conn = self._connect(msg.address)
+            conn = self.rt.connect_worker(msg.address, self._on_message,
+                                          self._on_worker_closed)
         except Exception as exc:  # the worker died between grant and connect
             log.warning("leased worker at %s unreachable: %s", msg.address, exc)
             self.rt.nm.send(m.ReturnLease(msg.lease_id))
@@ -149,13 +150,6 @@ class TaskSubmitter:
             queue.tasks.clear()
         for record in failed:
             self.rt.fail_task(record, self.rt.make_system_error(msg.reason, record.spec.name))
-
-    def _connect(self, address: str) -> Connection:
-        rt = self.rt
-        hello = make_hello(rt.token, "driver", rt.client_id, rt.job_id, rt.sys_paths)
-        conn, _ = open_connection(rt.reactor, address, hello, self._on_message,
-                                  self._on_worker_closed)
-        return conn
 
     # -- results (reactor thread) ------------------------------------------------------------
 
