@@ -14,7 +14,7 @@ from rtml.core.options import TASK_OPTIONS, check_options
 from rtml.core.submitter import TaskRecord
 from rtml.ids import new_task_id, object_id_for
 from rtml.rpc import messages as m
-from rtml.scheduler.resources import Shape, task_shape
+from rtml.scheduler.resources import Shape, shape_key, task_shape
 
 if TYPE_CHECKING:
     from rtml.core.runtime import ClientRuntime
@@ -38,7 +38,8 @@ class Exported:
 
 def submit_call(rt: ClientRuntime, *, name: str, function_id: bytes, args: tuple[Any, ...],
                 kwargs: dict[str, Any], num_returns: int, shape: Shape, max_retries: int,
-                retry_exceptions: Any, actor_id: bytes = b"", method: str = "") -> Any:
+                retry_exceptions: Any, actor_id: bytes = b"", method: str = "",
+                key: tuple[Any, ...] = ()) -> Any:
     """Submit one task or actor call; its ref (a list for several returns, None for 0)."""
     built = build_args(rt, args, kwargs)
     task_id = new_task_id()
@@ -46,7 +47,7 @@ def submit_call(rt: ClientRuntime, *, name: str, function_id: bytes, args: tuple
     spec = m.TaskSpec(task_id, rt.job_id, name, function_id, built.args, built.kwarg_names,
                       num_returns, rt.client_id, actor_id=actor_id, method=method)
     record = TaskRecord(spec, shape, max_retries, retry_exceptions, built.keep_alive,
-                        return_ids, has_contained=bool(built.contained))
+                        return_ids, has_contained=bool(built.contained), key=key)
     if built.contained:
         rt.nm.send(m.AddHolds(built.contained, task_id))
     refs = [ObjectRef(oid, rt.client_id) for oid in return_ids]
@@ -62,6 +63,8 @@ class RemoteFunction(Exported):
     def __init__(self, function: Any, options: dict[str, Any]) -> None:
         super().__init__(function)
         self._options = check_options(dict(options), TASK_OPTIONS, "a remote function")
+        self._shape = _shape_of(self._options)
+        self._key = shape_key(self._shape)
         self._name = getattr(function, "__qualname__", repr(function))
         self.__doc__ = function.__doc__
         self.__name__ = getattr(function, "__name__", self._name)
@@ -76,18 +79,17 @@ class RemoteFunction(Exported):
         return _Bound(self, {**self._options, **options})
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
-        return self._submit(self._options, args, kwargs)
+        return self._submit(self._options, self._shape, self._key, args, kwargs)
 
-    def _submit(self, options: dict[str, Any], args: tuple[Any, ...],
-                kwargs: dict[str, Any]) -> Any:
+    def _submit(self, options: dict[str, Any], shape: Shape, key: tuple[Any, ...],
+                args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         rt = context.require_runtime()
-        shape = task_shape(options.get("num_cpus"), options.get("num_gpus"),
-                           options.get("memory"), options.get("resources"))
         return submit_call(rt, name=options.get("name") or self._name,
                            function_id=self._export(rt), args=args, kwargs=kwargs,
                            num_returns=options.get("num_returns", 1), shape=shape,
                            max_retries=options.get("max_retries", 3),
-                           retry_exceptions=options.get("retry_exceptions", False))
+                           retry_exceptions=options.get("retry_exceptions", False),
+                           key=key)
 
 
 class _Bound:
@@ -96,6 +98,14 @@ class _Bound:
     def __init__(self, function: RemoteFunction, options: dict[str, Any]) -> None:
         self._function = function
         self._opts = options
+        self._shape = _shape_of(options)
+        self._key = shape_key(self._shape)
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
-        return self._function._submit(self._opts, args, kwargs)
+        return self._function._submit(self._opts, self._shape, self._key, args, kwargs)
+
+
+def _shape_of(options: dict[str, Any]) -> Shape:
+    """The resource shape of a task's options, computed once per options, not per call."""
+    return task_shape(options.get("num_cpus"), options.get("num_gpus"),
+                      options.get("memory"), options.get("resources"))

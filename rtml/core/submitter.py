@@ -25,7 +25,7 @@ from rtml.config import LEASE_IDLE_TIMEOUT
 from rtml.exceptions import TaskCancelledError, WorkerCrashedError
 from rtml.rpc import messages as m
 from rtml.rpc.reactor import Connection
-from rtml.scheduler.resources import Shape, shape_key
+from rtml.scheduler.resources import Shape
 
 if TYPE_CHECKING:
     from rtml.core.runtime import ClientRuntime
@@ -46,6 +46,7 @@ class TaskRecord:
     keep_alive: list[Any]  # ObjectRefs the arguments need until the task ends
     return_ids: Sequence[bytes]
     has_contained: bool = False
+    key: tuple[Any, ...] = ()  # shape_key(shape), computed once per remote function
     deps: int = 0
     cancelled: bool = False
     worker: LeasedWorker | None = None
@@ -83,7 +84,7 @@ class TaskSubmitter:
 
     def enqueue(self, record: TaskRecord) -> None:
         """Queue a task whose arguments are resolved and push what can go now."""
-        key = shape_key(record.shape)
+        key = record.key
         queue = self.queues.get(key)
         if queue is None:
             queue = self.queues[key] = ShapeQueue(record.shape)
