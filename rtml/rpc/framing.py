@@ -35,7 +35,7 @@ class FrameDecoder:
         """Bytes received but not yet part of a complete frame."""
         return bytes(self._buf)
 
-    def feed(self, data: bytes) -> list[bytes]:
+    def feed(self, data: bytes | memoryview) -> list[bytes]:
         """Add ``data``; return every frame it completes. Raises ProtocolError."""
         buf = self._buf
         buf += data
