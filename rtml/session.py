@@ -97,6 +97,8 @@ def default_session_dir() -> str:
 
 def fresh_session_dir() -> str:
     """A new unique session directory for an embedded cluster."""
-    base = Path(tempfile.gettempdir()) / "rtml"
+    # Not /tmp/rtml: a directory named like the package would shadow it for any
+    # script run from /tmp (an implicit namespace package).
+    base = Path(tempfile.gettempdir()) / "rtml-sessions"
     base.mkdir(parents=True, exist_ok=True)
     return tempfile.mkdtemp(prefix="session_", dir=base)

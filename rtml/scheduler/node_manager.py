@@ -21,6 +21,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,7 +110,9 @@ class NodeManager(Service):
         self.cfg = cfg
         self.token = cfg.token
         self.session = Session(Path(cfg.session_dir))
-        self.node_id = random_id()
+        # The id starts with our pid, so the store namespace (its first 12 hex digits)
+        # tells a later node manager whether the segments' owner is still alive.
+        self.node_id = os.getpid().to_bytes(4, "big") + random_id(12)
         self.namespace = self.node_id.hex()[:12]
         self.sched = LocalScheduler(cfg.total_resources(), self._pool_size())
         self.store = ostore.StoreCore(cfg.object_store_memory)
@@ -135,6 +138,7 @@ class NodeManager(Service):
     # -- startup -----------------------------------------------------------------------------
 
     async def start(self) -> None:
+        sweep_orphaned_segments()
         await self.launcher.start()
         loop = asyncio.get_running_loop()
         self.server = await loop.create_unix_server(protocol_factory(self), self.unix_path)
@@ -454,6 +458,40 @@ class NodeManager(Service):
         except Exception as exc:  # Redis may already be stopped with the cluster
             log.info("could not remove %d object record(s) at shutdown: %s", len(gone), exc)
         self.plane.close()
+
+
+ORPHAN_MIN_AGE = 60.0
+"""Seconds a segment must be old before a sweep may treat it as an orphan."""
+
+
+def sweep_orphaned_segments() -> None:
+    """Remove /dev/shm segments left by node managers that died without cleaning up.
+
+    A segment's namespace starts with its node manager's pid; a dead pid and an age
+    over ORPHAN_MIN_AGE (so files of processes using other naming are left alone)
+    mark it as an orphan.
+    """
+    now = time.time()
+    for path in Path("/dev/shm").glob("rtml-*-*"):
+        namespace = path.name.split("-")[1]
+        try:
+            pid = int(namespace[:8], 16)
+            if len(namespace) != 12 or _alive(pid) or now - path.stat().st_mtime < ORPHAN_MIN_AGE:
+                continue
+            path.unlink()
+            log.info("removed orphaned segment %s (node manager pid %d is gone)", path, pid)
+        except (ValueError, OSError):
+            continue
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 async def serve(cfg: NodeConfig, ready_fd: int) -> None:
