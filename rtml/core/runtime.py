@@ -287,6 +287,8 @@ class ClientRuntime:
     def process_refops(self) -> None:
         """Apply queued reference-count changes; send holds and releases."""
         self._refops_scheduled = False
+        if not self._refops:
+            return
         releases: list[bytes] = []
         adds: list[bytes] = []
         holders: list[bytes] = []
@@ -644,6 +646,9 @@ class ClientRuntime:
 
     def _free_unreferenced(self, object_ids: Sequence[bytes]) -> None:
         """Free results whose refs were all dropped before the task finished."""
+        counts = self._counts
+        if all(object_id in counts for object_id in object_ids):
+            return  # the usual case: the caller still holds them
         releases: list[bytes] = []
         holders: list[bytes] = []
         with self._ref_lock:
