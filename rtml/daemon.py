@@ -21,6 +21,17 @@ def die_with_parent() -> None:
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (signal 0; a process we may not signal counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def setup_logging(path: str) -> None:
     logging.basicConfig(filename=path, level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

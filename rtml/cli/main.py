@@ -38,7 +38,7 @@ from typing import Any
 from rtml import cluster
 from rtml.config import NodeConfig, default_object_store_memory, parse_resources
 from rtml.control_plane import ControlPlane
-from rtml.daemon import FramedClient
+from rtml.daemon import FramedClient, pid_alive
 from rtml.exceptions import ProtocolError, RtmlSystemError
 from rtml.ids import random_id
 from rtml.rpc.reactor import make_hello
@@ -369,13 +369,7 @@ def _alive(proc: dict[str, Any]) -> bool:
     except FileNotFoundError:
         return False
     except OSError:  # no /proc: fall back to signal 0
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        return pid_alive(pid)
     fields = stat.rsplit(")", 1)[1].split()
     if fields[0] in ("Z", "X"):
         return False

@@ -29,7 +29,7 @@ from typing import Any
 from rtml import objectstore as ostore
 from rtml.config import HEARTBEAT_INTERVAL, TOKEN_ENV, NodeConfig
 from rtml.control_plane import ControlPlane
-from rtml.daemon import FramedClient, die_with_parent, report_ready, setup_logging
+from rtml.daemon import FramedClient, die_with_parent, pid_alive, report_ready, setup_logging
 from rtml.ids import random_id
 from rtml.rpc import messages as m
 from rtml.rpc.reactor import make_hello
@@ -476,22 +476,13 @@ def sweep_orphaned_segments() -> None:
         namespace = path.name.split("-")[1]
         try:
             pid = int(namespace[:8], 16)
-            if len(namespace) != 12 or _alive(pid) or now - path.stat().st_mtime < ORPHAN_MIN_AGE:
+            if (len(namespace) != 12 or pid_alive(pid)
+                    or now - path.stat().st_mtime < ORPHAN_MIN_AGE):
                 continue
             path.unlink()
             log.info("removed orphaned segment %s (node manager pid %d is gone)", path, pid)
         except (ValueError, OSError):
             continue
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 async def serve(cfg: NodeConfig, ready_fd: int) -> None:
