@@ -99,12 +99,22 @@ class TaskSubmitter:
             if worker is None or len(worker.inflight) >= depth:
                 break
             self._push(worker, tasks.popleft())
+        if not tasks and queue.lease_requests:
+            self._cancel_lease_requests(queue)  # nothing left to place: stop asking
+            return
         wanted = min(len(tasks), MAX_LEASE_REQUESTS) - len(queue.lease_requests)
         for _ in range(max(0, wanted)):
             req_id = self.rt.next_request_id()
             queue.lease_requests.add(req_id)
             self._lease_keys[req_id] = key
             self.rt.nm.send(m.RequestLease(req_id, queue.shape))
+
+    def _cancel_lease_requests(self, queue: ShapeQueue) -> None:
+        """Withdraw outstanding requests; a grant already on its way is handed back."""
+        for req_id in queue.lease_requests:
+            self._lease_keys.pop(req_id, None)
+            self.rt.nm.send(m.CancelLeaseRequest(req_id))
+        queue.lease_requests.clear()
 
     def _push(self, worker: LeasedWorker, record: TaskRecord) -> None:
         record.worker = worker

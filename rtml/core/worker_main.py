@@ -142,8 +142,6 @@ def _on_nm_message(rt: ClientRuntime, executor: Executor, server: Reactor, msg: 
         executor.cancel(msg.task_id)
     elif isinstance(msg, m.BecomeActor):
         server.call_soon(_become_actor, rt, executor, msg.spec)
-    elif isinstance(msg, m.Shutdown):
-        os._exit(0)
 
 
 def _become_actor(rt: ClientRuntime, executor: Executor, spec: m.ActorSpec) -> None:
