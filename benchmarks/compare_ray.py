@@ -32,24 +32,38 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+# The timing helpers are micro.py's (stdlib only at import, so the Ray venv can load them).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from micro import (  # noqa: E402
+    ACTOR_ASYNC,
+    ACTOR_SYNC,
+    BIG_BYTES,
+    GET_BIG,
+    GET_CALLS,
+    PUT_CALLS,
+    PUT_GB,
+    TASKS_ASYNC,
+    TASKS_SYNC,
+    latency_row,
+    now_ns,
+    rate_row,
+    time_each,
+)
+from micro import best_rate as _best_rate  # noqa: E402
+
+
+def best_rate(fn: Callable[[], Any], items: int, repeats: int) -> float:
+    """Best items/s over ``repeats`` runs of ``fn``."""
+    return _best_rate(fn, items, repeats)[0]
+
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 THIS_FILE = Path(__file__).resolve()
 DEFAULT_RAY_PYTHON = "/work/ray-venv/bin/python"
 ENGINES = ("rtml", "ray")
 ROWS_MARK = "COMPARE_ROWS "
 
-MB = 1024 * 1024
-BIG_BYTES = 100 * MB
-
 INIT_FRESH = "init to first result"
-TASKS_SYNC = "single client tasks sync"
-TASKS_ASYNC = "single client tasks async"
-ACTOR_SYNC = "1:1 actor calls sync"
-ACTOR_ASYNC = "1:1 actor calls async"
-PUT_CALLS = "single client put calls"
-GET_CALLS = "single client get calls"
-PUT_GB = "single client put gigabytes"
-GET_BIG = "single client get 100MB numpy"
 ROW_NAMES = [TASKS_SYNC, TASKS_ASYNC, ACTOR_SYNC, ACTOR_ASYNC, PUT_CALLS, GET_CALLS,
              PUT_GB, GET_BIG, INIT_FRESH]
 
@@ -68,52 +82,6 @@ def child_env(engine_name: str) -> dict[str, str]:
     if engine_name == "ray":
         env["RAY_USAGE_STATS_ENABLED"] = "0"
     return env
-
-
-# ---------------------------------------------------------------- measuring helpers
-
-def now_ns() -> int:
-    return time.perf_counter_ns()
-
-
-def percentile(sorted_vals: list[float], q: float) -> float:
-    """Nearest-rank percentile of an already sorted list (q in [0, 100])."""
-    if not sorted_vals:
-        return float("nan")
-    k = max(0, min(len(sorted_vals) - 1, int(round(q / 100.0 * len(sorted_vals) + 0.5)) - 1))
-    return sorted_vals[k]
-
-
-def latency_row(name: str, samples_ns: list[int]) -> dict[str, Any]:
-    us = sorted(s / 1000.0 for s in samples_ns)
-    return {"name": name, "kind": "latency", "unit": "us", "samples": len(us),
-            "median_us": percentile(us, 50), "p90_us": percentile(us, 90), "rate": None}
-
-
-def rate_row(name: str, rate: float, unit: str) -> dict[str, Any]:
-    return {"name": name, "kind": "throughput", "unit": unit, "samples": None,
-            "median_us": None, "p90_us": None, "rate": rate}
-
-
-def time_each(fn: Callable[[], Any], n: int, warmup: int = 0) -> list[int]:
-    for _ in range(warmup):
-        fn()
-    out = []
-    for _ in range(n):
-        t0 = now_ns()
-        fn()
-        out.append(now_ns() - t0)
-    return out
-
-
-def best_rate(fn: Callable[[], Any], items: int, repeats: int) -> float:
-    """Run ``fn`` (which processes ``items`` items) ``repeats`` times; best items/s."""
-    rates = []
-    for _ in range(repeats):
-        t0 = now_ns()
-        fn()
-        rates.append(items / ((now_ns() - t0) / 1e9))
-    return max(rates)
 
 
 # ---------------------------------------------------------------- the shared body
