@@ -16,6 +16,8 @@ TOKEN_ENV = "RTML_CLUSTER_TOKEN"
 """Children get the cluster token in their environment, never on their command line."""
 
 HEARTBEAT_INTERVAL = 0.5
+DEFAULT_NODE_TIMEOUT = 10.0
+"""Seconds without a heartbeat after which the head declares a node dead (RTML_NODE_TIMEOUT_S)."""
 LEASE_IDLE_TIMEOUT = 0.05
 """Seconds a leased worker may sit idle before the owner hands it back."""
 
@@ -71,6 +73,8 @@ class HeadConfig:
     host: str = "127.0.0.1"
     port: int = 0
     listen_fd: int = -1  # a socket bound by the parent (so its address is known early)
+    node_timeout: float = field(default_factory=lambda: float(
+        os.environ.get("RTML_NODE_TIMEOUT_S", DEFAULT_NODE_TIMEOUT)))
 
     def to_json(self) -> str:
         """The config without its token (which travels in ``TOKEN_ENV``)."""

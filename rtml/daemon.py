@@ -9,8 +9,11 @@ import os
 import signal
 from typing import Any
 
+from rtml.exceptions import ProtocolError
 from rtml.rpc import messages as m
 from rtml.rpc.framing import FrameDecoder, frame
+
+log = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
 
@@ -69,7 +72,6 @@ class FramedClient:
         client.send(hello)
         reply = await asyncio.wait_for(client.receive(), timeout)
         if not isinstance(reply, m.HelloReply) or not reply.ok:
-            from rtml.exceptions import ProtocolError
             raise ProtocolError(getattr(reply, "error", "bad handshake reply"))
         return client, reply
 
@@ -87,3 +89,68 @@ class FramedClient:
 
     def close(self) -> None:
         self.writer.close()
+
+
+class NodeLinks:
+    """A node manager's connections to the other node managers, opened on first use.
+
+    ``send`` never blocks: messages queue until the connection is up (or until the
+    node's address arrives in the head's node table), then go out in order.
+    """
+
+    def __init__(self, hello: m.Hello) -> None:
+        self.hello = hello
+        self.addresses: dict[bytes, str] = {}
+        self._clients: dict[bytes, FramedClient] = {}
+        self._queues: dict[bytes, list[m.Msg]] = {}
+        self._tasks: dict[bytes, asyncio.Task[None]] = {}
+
+    def send(self, node_id: bytes, msg: m.Msg) -> None:
+        client = self._clients.get(node_id)
+        if client is not None:
+            client.send(msg)
+            return
+        self._queues.setdefault(node_id, []).append(msg)
+        if node_id not in self._tasks and node_id in self.addresses:
+            self._tasks[node_id] = asyncio.get_running_loop().create_task(self._run(node_id))
+
+    def address_known(self, node_id: bytes, address: str) -> None:
+        self.addresses[node_id] = address
+        if node_id in self._queues and node_id not in self._tasks:
+            self._tasks[node_id] = asyncio.get_running_loop().create_task(self._run(node_id))
+
+    async def _run(self, node_id: bytes) -> None:
+        address = self.addresses[node_id]
+        try:
+            client, _ = await FramedClient.connect(address, self.hello)
+        except (OSError, TimeoutError, ProtocolError) as exc:
+            dropped = self._queues.pop(node_id, [])
+            log.warning("cannot reach node %s at %s (%s); dropped %d message(s)",
+                        node_id.hex(), address, exc, len(dropped))
+            self._tasks.pop(node_id, None)
+            return
+        for msg in self._queues.pop(node_id, []):
+            client.send(msg)
+        self._clients[node_id] = client
+        try:
+            while True:
+                await client.receive()  # nothing is expected back; this notices a close
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            self._clients.pop(node_id, None)
+            self._tasks.pop(node_id, None)
+            client.close()
+
+    def forget(self, node_id: bytes) -> None:
+        """The node died: drop its connection and whatever waits for it."""
+        self._queues.pop(node_id, None)
+        task = self._tasks.pop(node_id, None)
+        if task is not None:
+            task.cancel()
+
+    def close(self) -> None:
+        for task in self._tasks.values():
+            task.cancel()
+        for client in self._clients.values():
+            client.close()

@@ -105,6 +105,23 @@ def _unpack(raw: list[bytes]) -> dict[str, Any]:
     return {k.decode(): _decoder.decode(v) for k, v in zip(pairs, pairs, strict=True)}
 
 
+LOCATION_PREFIX = "loc:"
+
+
+def location_field(node_id: bytes) -> str:
+    """The object-record field that says ``node_id`` holds a copy (value: its state)."""
+    return LOCATION_PREFIX + node_id.hex()
+
+
+def _with_locations(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with its per-node location fields folded into ``locations`` (hex ids)."""
+    locations = [k[len(LOCATION_PREFIX):] for k in record if k.startswith(LOCATION_PREFIX)]
+    out = {k: v for k, v in record.items() if not k.startswith(LOCATION_PREFIX)}
+    if locations:
+        out["locations"] = sorted(locations)
+    return out
+
+
 def to_jsonable(value: Any) -> Any:
     """``value`` with bytes as hex strings, tuples as lists and dict keys as str."""
     if isinstance(value, bytes | bytearray | memoryview):
@@ -349,18 +366,25 @@ class ControlPlane:
                            ("SREM", self.keys.objects, *hex_ids)])
 
     @_redis_errors
-    def write_objects(self, puts: dict[bytes, dict[str, Any]], removes: list[bytes]) -> None:
-        """Merge ``puts`` into their records and forget ``removes``, in one round trip.
+    def write_objects(self, puts: dict[bytes, dict[str, Any]], removes: list[bytes],
+                      drop_fields: dict[bytes, list[str]] | None = None) -> None:
+        """Merge ``puts`` into their records, delete ``drop_fields`` from them and forget
+        ``removes``, in one round trip.
 
-        An id should not be in both; if it is, the removal is applied last.
+        A node's copy of an object is the record field ``location_field(node_id)``
+        (its value: SEALED or SPILLED); records read back list them as ``locations``.
+        An id should not be in both ``puts`` and ``removes``; if it is, the removal
+        is applied last.
         """
-        if not puts and not removes:
+        if not puts and not removes and not drop_fields:
             return
         commands: list[tuple[Arg, ...]] = []
         for object_id, info in puts.items():
             hex_id = object_id.hex()
             commands.append(_hset(self.keys.object(hex_id), {**info, "object_id": hex_id}))
             commands.append(("SADD", self.keys.objects, hex_id))
+        for object_id, fields in (drop_fields or {}).items():
+            commands.append(("HDEL", self.keys.object(object_id.hex()), *fields))
         if removes:
             hex_ids = [oid.hex() for oid in removes]
             commands.append(("DEL", *[self.keys.object(h) for h in hex_ids]))
@@ -378,7 +402,8 @@ class ControlPlane:
             hex_ids += [m.decode() for m in members[:limit - len(hex_ids)]]
             if cursor == b"0":
                 break
-        return [to_jsonable(record) for _, record in self._hashes(self.keys.object, hex_ids)]
+        return [to_jsonable(_with_locations(record))
+                for _, record in self._hashes(self.keys.object, hex_ids)]
 
     # -- actors -------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from rtml.core import context
 from rtml.core.arguments import build_args
-from rtml.core.options import ACTOR_OPTIONS, METHOD_OPTIONS, check_options
+from rtml.core.options import ACTOR_OPTIONS, METHOD_OPTIONS, check_options, strategy_of
 from rtml.core.remote_function import Exported, submit_call
 from rtml.core.submitter import TaskRecord
 from rtml.exceptions import ActorDiedError
@@ -72,7 +72,8 @@ class ActorClass(Exported):
             max_concurrency=options.get("max_concurrency", 1000 if is_async else 1),
             is_async=is_async, name=options.get("name") or "",
             namespace=options.get("namespace") or rt.config.namespace,
-            detached=options.get("lifetime") == "detached", sys_paths=rt.sys_paths)
+            detached=options.get("lifetime") == "detached", sys_paths=rt.sys_paths,
+            strategy=strategy_of(options))
         handle = ActorHandle(spec.actor_id, self.__name__, _method_meta(self._cls),
                              spec.max_task_retries)
         for _, ref in built.pending:
@@ -194,7 +195,9 @@ class ActorCaller:
         self.queue: deque[TaskRecord] = deque()
         self.inflight: dict[bytes, TaskRecord] = {}
         self.dead_error = ""
+        self.address = ""
         self.last_address = ""
+        self.node_id = b""
         self.keep_alive: list[Any] = []
 
     def call(self, record: TaskRecord) -> None:
@@ -234,18 +237,19 @@ class ActorCaller:
 
     def _on_info(self, info: m.ActorInfo) -> None:
         if info.state == "ALIVE":
+            local = info.node_id in (b"", self.rt.node_id)
+            address = info.address if local else info.tcp_address
             try:
-                conn = self.rt.connect_worker(info.address, self._on_message, self._on_closed)
+                conn = self.rt.connect_worker(address, self._on_message, self._on_closed)
             except Exception as exc:
-                log.info("actor %s unreachable at %s: %s", self.actor_id.hex(), info.address,
-                         exc)
+                log.info("actor %s unreachable at %s: %s", self.actor_id.hex(), address, exc)
                 self.last_address = info.address
                 with self.rt.lock:
                     self._resolve()
                 return
             with self.rt.lock:
                 self.resolving = False
-                self.conn = conn
+                self.conn, self.address, self.node_id = conn, info.address, info.node_id
                 self.flush()
             return
         with self.rt.lock:
@@ -267,7 +271,7 @@ class ActorCaller:
         failed: list[TaskRecord] = []
         with self.rt.lock:
             self.conn = None
-            self.last_address = conn.name
+            self.last_address = self.address
             retry = []
             for record in self.inflight.values():
                 if record.spec.attempt < self.max_task_retries or self.max_task_retries < 0:
@@ -286,6 +290,12 @@ class ActorCaller:
         text = why or self.dead_error
         self.rt.fail_task(record, ActorDiedError(
             f"actor call {name!r} failed: the actor {self.actor_id.hex()[:12]} is dead: {text}"))
+
+    def node_died(self, node_id: bytes) -> None:
+        """The actor's node is gone: drop the connection (its calls retry or fail)."""
+        conn = self.conn
+        if conn is not None and self.node_id == node_id:
+            conn.close(f"its node {node_id.hex()} died")
 
     def shutdown(self) -> None:
         if self.conn is not None:

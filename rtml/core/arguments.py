@@ -56,12 +56,12 @@ def _one(rt: ClientRuntime, built: BuiltArgs, position: int, value: Any,
         return m.TaskArg(value=ser.to_payload())
     ref = rt.put_serialized(ser)
     built.keep_alive.append(ref)
-    return m.TaskArg(object_id=ref.id)
+    return m.TaskArg(object_id=ref.id, node_id=rt.node_id)
 
 
 def _ref_arg(rt: ClientRuntime, built: BuiltArgs, position: int, ref: ObjectRef) -> m.TaskArg:
     if ref.owner != rt.client_id:
-        return m.TaskArg(object_id=ref.id)
+        return m.TaskArg(object_id=ref.id, node_id=rt.location_of(ref.id))
     with rt.lock:
         entry = rt.store.get(ref.id)
         if entry is None and task_of(ref.id) in rt.submitter.records:
@@ -71,4 +71,4 @@ def _ref_arg(rt: ClientRuntime, built: BuiltArgs, position: int, ref: ObjectRef)
         if entry.is_error and built.error is None:
             built.error = entry
         return m.TaskArg(value=entry)
-    return m.TaskArg(object_id=ref.id)
+    return m.TaskArg(object_id=ref.id, node_id=rt.location_of(ref.id))

@@ -37,6 +37,17 @@ from rtml.rpc.reactor import Connection
 log = logging.getLogger(__name__)
 
 
+CUDA_ENV = "CUDA_VISIBLE_DEVICES"
+
+
+def set_visible_gpus(gpu_ids: list[int]) -> None:
+    """Show user code exactly the GPUs of its lease (none: the variable is removed)."""
+    if gpu_ids:
+        os.environ[CUDA_ENV] = ",".join(str(i) for i in gpu_ids)
+    else:
+        os.environ.pop(CUDA_ENV, None)
+
+
 class _Failed(Exception):
     """An argument is an error value: the task fails with it without running."""
 
@@ -99,6 +110,8 @@ class Executor:
 
     def execute(self, spec: m.TaskSpec) -> m.TaskResult:
         start = time.time()
+        if spec.gpu_ids or CUDA_ENV in os.environ:
+            set_visible_gpus(spec.gpu_ids)
         if spec.task_id in self.cancelled:
             self.cancelled.discard(spec.task_id)
             return self._cancelled(spec, start)
@@ -148,7 +161,7 @@ class Executor:
             if arg.value.is_error:
                 raise _Failed(arg.value)
             return from_payload(arg.value)
-        value = self.rt.read_shared(arg.object_id, b"", None)
+        value = self.rt.read_shared(arg.object_id, b"", None, arg.node_id)
         if isinstance(value, StoredError):
             raise _Failed(serialize(value).to_payload(is_error=True))
         return value
@@ -174,10 +187,12 @@ class Executor:
 
     def _store_return(self, spec: m.TaskSpec, object_id: bytes, ser: Any) -> m.ReturnObject:
         if ser.contained:
-            self.rt.nm.send(m.AddHolds([r.id for r in ser.contained], object_id))
+            self.rt.send_holds(m.AddHolds, [r.id for r in ser.contained], object_id)
         if ser.size <= INLINE_MAX:
             return m.ReturnObject(object_id, ser.to_payload(), ser.size)
-        size = self.rt.write_shared(object_id, ser, holder=spec.owner_id)
+        local = spec.owner_node in (b"", self.rt.node_id)
+        size = self.rt.write_shared(object_id, ser,
+                                    holder=spec.owner_id if local else spec.owner_node)
         return m.ReturnObject(object_id, None, size)
 
     def _exception_returns(self, spec: m.TaskSpec, exc: BaseException) -> list[m.ReturnObject]:
@@ -226,9 +241,11 @@ class Executor:
 
     # -- actors ------------------------------------------------------------------------------
 
-    def become_actor(self, spec: m.ActorSpec) -> str:
+    def become_actor(self, spec: m.ActorSpec, gpu_ids: list[int]) -> str:
         """Construct the actor; return the constructor's error text, or ''."""
         self.actor = spec
+        if gpu_ids:
+            set_visible_gpus(gpu_ids)
         context.set_actor(spec.actor_id)
         for path in spec.sys_paths:
             if path not in sys.path:

@@ -15,9 +15,26 @@ METHOD_OPTIONS = {"num_returns", "name"}
 class NodeAffinitySchedulingStrategy:
     """Run on ``node_id`` (hex); if ``soft``, anywhere when that node cannot."""
 
-    def __init__(self, node_id: str, soft: bool) -> None:
+    def __init__(self, node_id: str, soft: bool = False) -> None:
+        try:
+            bytes.fromhex(node_id)
+        except (TypeError, ValueError):
+            raise ValueError(f"NodeAffinitySchedulingStrategy needs a node id in hex (from "
+                             f"rtml.nodes() or get_runtime_context().get_node_id()), got "
+                             f"{node_id!r}") from None
         self.node_id = node_id
         self.soft = soft
+
+    def __repr__(self) -> str:
+        return f"NodeAffinitySchedulingStrategy({self.node_id!r}, soft={self.soft})"
+
+
+def strategy_of(options: dict[str, Any]) -> str:
+    """The wire form of ``scheduling_strategy``: "", "SPREAD" or "node:<hex>[:soft]"."""
+    strategy = options.get("scheduling_strategy")
+    if isinstance(strategy, NodeAffinitySchedulingStrategy):
+        return f"node:{strategy.node_id}" + (":soft" if strategy.soft else "")
+    return "SPREAD" if strategy == "SPREAD" else ""
 
 
 def check_options(options: dict[str, Any], allowed: set[str], what: str) -> dict[str, Any]:

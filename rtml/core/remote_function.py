@@ -10,7 +10,7 @@ import cloudpickle
 from rtml.core import context
 from rtml.core.arguments import build_args
 from rtml.core.object_ref import ObjectRef
-from rtml.core.options import TASK_OPTIONS, check_options
+from rtml.core.options import TASK_OPTIONS, check_options, strategy_of
 from rtml.core.submitter import TaskRecord
 from rtml.ids import new_task_id, object_id_for
 from rtml.rpc import messages as m
@@ -45,11 +45,12 @@ def submit_call(rt: ClientRuntime, *, name: str, function_id: bytes, args: tuple
     task_id = new_task_id()
     return_ids = [object_id_for(task_id, i + 1) for i in range(num_returns)]
     spec = m.TaskSpec(task_id, rt.job_id, name, function_id, built.args, built.kwarg_names,
-                      num_returns, rt.client_id, actor_id=actor_id, method=method)
+                      num_returns, rt.client_id, actor_id=actor_id, method=method,
+                      owner_node=rt.node_id)
     record = TaskRecord(spec, shape, max_retries, retry_exceptions, built.keep_alive,
                         return_ids, has_contained=bool(built.contained), key=key)
     if built.contained:
-        rt.nm.send(m.AddHolds(built.contained, task_id))
+        rt.send_holds(m.AddHolds, built.contained, task_id)
     refs = [ObjectRef(oid, rt.client_id) for oid in return_ids]
     rt.submit(record, built.pending, built.error)
     if num_returns == 1:
@@ -64,7 +65,7 @@ class RemoteFunction(Exported):
         super().__init__(function)
         self._options = check_options(dict(options), TASK_OPTIONS, "a remote function")
         self._shape = _shape_of(self._options)
-        self._key = shape_key(self._shape)
+        self._key = _key_of(self._shape, self._options)
         self._name = getattr(function, "__qualname__", repr(function))
         self.__doc__ = function.__doc__
         self.__name__ = getattr(function, "__name__", self._name)
@@ -99,10 +100,15 @@ class _Bound:
         self._function = function
         self._opts = options
         self._shape = _shape_of(options)
-        self._key = shape_key(self._shape)
+        self._key = _key_of(self._shape, options)
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         return self._function._submit(self._opts, self._shape, self._key, args, kwargs)
+
+
+def _key_of(shape: Shape, options: dict[str, Any]) -> tuple[Any, ...]:
+    """The lease key: tasks with equal keys may share a leased worker."""
+    return (*shape_key(shape), strategy_of(options))
 
 
 def _shape_of(options: dict[str, Any]) -> Shape:

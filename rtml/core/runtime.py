@@ -108,6 +108,8 @@ class ClientRuntime:
         self.blocked_hook: Callable[[bool], None] | None = None
         self.current_task_name = "driver"
         self.closed = False
+        self.locations: dict[bytes, bytes] = {}  # object -> its primary node, if not ours
+        self.remote_nms: dict[bytes, Connection] = {}
         self._warned_shapes: set[tuple[tuple[str, float], ...]] = set()
         self._unflushed: list[Connection] = []
 
@@ -121,6 +123,7 @@ class ClientRuntime:
                                          self._on_nm_message, self._on_nm_closed)
         self.node_id: bytes = reply.node_id
         self.store_namespace = reply.info["store_namespace"]
+        hello.node_id = self.node_id
         self.head, head_reply = open_connection(self.reactor, self.config.head_address, hello,
                                                 self._on_head_message, self._on_head_closed)
         info = head_reply.info
@@ -137,6 +140,9 @@ class ClientRuntime:
         for caller in list(self.actor_callers.values()):
             caller.shutdown()
         self.submitter.shutdown()
+        for conn in self.remote_nms.values():
+            conn.on_close = None
+            conn.close("shutdown")
         self.writer.close()
         self.plane.close()
         self.reactor.stop()
@@ -167,9 +173,34 @@ class ClientRuntime:
     def connect_worker(self, address: str, handler: Handler,
                        on_close: CloseHandler) -> Connection:
         """An authenticated connection to a worker, as an owner of this job."""
-        hello = make_hello(self.token, "driver", self.client_id, self.job_id, self.sys_paths)
+        hello = make_hello(self.token, "driver", self.client_id, self.job_id, self.sys_paths,
+                           self.node_id)
         conn, _ = open_connection(self.reactor, address, hello, handler, on_close)
         return conn
+
+    def node_manager_at(self, node_id: bytes, address: str) -> Connection:
+        """A connection to another node's manager (for spilled leases), made on first use."""
+        conn = self.remote_nms.get(node_id)
+        if conn is None or conn.closed:
+            hello = make_hello(self.token, self.role, self.client_id, self.job_id,
+                               self.sys_paths, self.node_id)
+            conn, _ = open_connection(
+                self.reactor, address, hello,
+                lambda c, msg: self._on_nm_message(c, msg, node_id), self._on_remote_nm_closed)
+            self.remote_nms[node_id] = conn
+        return conn
+
+    def node_of(self, nm: Connection) -> bytes:
+        """The node of a node-manager connection."""
+        if nm is self.nm:
+            return self.node_id
+        return next((n for n, conn in self.remote_nms.items() if conn is nm), b"")
+
+    def _on_remote_nm_closed(self, conn: Connection, reason: str) -> None:
+        node_id = self.node_of(conn)
+        if node_id and not self.closed:
+            self.remote_nms.pop(node_id, None)
+            self.submitter.node_died(node_id)
 
     def next_request_id(self) -> int:
         return next(self._req_ids)
@@ -199,24 +230,33 @@ class ClientRuntime:
 
     # -- node manager and head messages (reactor thread) -------------------------------------
 
-    def _on_nm_message(self, conn: Connection, msg: Any) -> None:
+    def _on_nm_message(self, conn: Connection, msg: Any, node_id: bytes = b"") -> None:
         if isinstance(msg, m.LeaseGranted):
-            self.submitter.on_lease_granted(msg)
+            self.submitter.on_lease_granted(msg, conn, node_id or self.node_id)
+        elif isinstance(msg, m.LeaseSpillback):
+            self.submitter.on_spillback(msg)
+        elif isinstance(msg, m.NodeDied):
+            self._node_died(msg.node_id)
         elif isinstance(msg, (m.ObjectAvailable, m.StoreStatsReply)):
             self._deliver_reply(msg.req_id, msg)
         elif isinstance(msg, m.LeaseFailed):
             self.submitter.on_lease_failed(msg)
         elif isinstance(msg, m.LeaseInfeasible):
             self._warn_infeasible(msg.shape)
-        elif isinstance(msg, m.WorkerOutput):
-            if self.config.log_to_driver:
-                prefix = f"(pid={msg.pid}) "
-                sys.stdout.write("".join(prefix + line for line in msg.text.splitlines(True)))
-                sys.stdout.flush()
         elif self.nm_extra_handler is not None:
             self.nm_extra_handler(msg)
 
     nm_extra_handler: Callable[[Any], None] | None = None
+
+    def _node_died(self, node_id: bytes) -> None:
+        """Tasks and actor calls running there are retried or fail; its objects are lost."""
+        conn = self.remote_nms.pop(node_id, None)
+        if conn is not None:
+            conn.on_close = None
+            conn.close("its node died")
+        self.submitter.node_died(node_id)
+        for caller in list(self.actor_callers.values()):
+            caller.node_died(node_id)
 
     def _warn_infeasible(self, shape: dict[str, float]) -> None:
         key = tuple(sorted(shape.items()))
@@ -243,6 +283,11 @@ class ClientRuntime:
     def _on_head_message(self, conn: Connection, msg: Any) -> None:
         if isinstance(msg, (m.ActorInfo, m.ClusterInfo)):
             self._deliver_reply(msg.req_id, msg)
+        elif isinstance(msg, m.WorkerOutput):
+            if self.config.log_to_driver:
+                prefix = f"(pid={msg.pid}) "
+                sys.stdout.write("".join(prefix + line for line in msg.text.splitlines(True)))
+                sys.stdout.flush()
 
     def _on_head_closed(self, conn: Connection, reason: str) -> None:
         if not self.closed:
@@ -268,10 +313,29 @@ class ClientRuntime:
         self._refops_timer = False
         self.process_refops()
 
-    def borrowed(self, ref: ObjectRef) -> None:
-        """An ObjectRef was unpickled here: hold its object while we reference it."""
+    def borrowed(self, ref: ObjectRef, node_id: bytes) -> None:
+        """An ObjectRef was unpickled here: hold its object while we reference it.
+
+        ``node_id``: where its primary copy lives (a hint carried with the ref).
+        """
+        if node_id and node_id != self.node_id and ref.owner != self.client_id:
+            self.locations.setdefault(ref.id, node_id)
         self._refops.append((ref.id, 0))
         self.process_refops()
+
+    def location_of(self, object_id: bytes) -> bytes:
+        """The node holding the object's primary copy, as far as this process knows."""
+        return self.locations.get(object_id, self.node_id)
+
+    def send_holds(self, kind: type[m.AddHolds] | type[m.ReleaseHolds],
+                   object_ids: Sequence[bytes], holder: bytes) -> None:
+        """Add or release holds through the local node manager, grouped by primary node."""
+        by_node: dict[bytes, list[bytes]] = {}
+        locations = self.locations
+        for object_id in object_ids:
+            by_node.setdefault(locations.get(object_id, b""), []).append(object_id)
+        for node_id, ids in by_node.items():
+            self.nm.send(kind(ids, holder, node_id))
 
     def escaped(self, ref: ObjectRef) -> None:
         """An owned ref is being pickled for another process: its value must be shared."""
@@ -310,12 +374,14 @@ class ClientRuntime:
             # Sent under the lock: another thread's add and release of the same
             # object must reach the node manager in the order they were decided.
             if adds:
-                self.nm.send(m.AddHolds(adds, self.client_id))
+                self.send_holds(m.AddHolds, adds, self.client_id)
             self._send_releases(releases, holders)
 
     def _send_releases(self, releases: list[bytes], holders: list[bytes]) -> None:
         if releases:
-            self.nm.send(m.ReleaseHolds(releases, self.client_id))
+            self.send_holds(m.ReleaseHolds, releases, self.client_id)
+            for object_id in releases:
+                self.locations.pop(object_id, None)
         for holder in holders:
             self.nm.send(m.ReleaseHolder(holder))
 
@@ -368,7 +434,7 @@ class ClientRuntime:
 
     def _hold_contained(self, container_id: bytes, ser: Serialized) -> None:
         if ser.contained:
-            self.nm.send(m.AddHolds([r.id for r in ser.contained], container_id))
+            self.send_holds(m.AddHolds, [r.id for r in ser.contained], container_id)
             with self.lock:
                 self.store.has_contained.add(container_id)
 
@@ -447,23 +513,28 @@ class ClientRuntime:
         if isinstance(entry, m.Payload):
             value = _load(entry)
         else:
-            value = self.read_shared(ref.id, ref.owner, deadline)
+            value = self.read_shared(ref.id, ref.owner, deadline, self.locations.get(ref.id, b""))
         if isinstance(value, StoredError):
             raise value.error
         return value
 
-    def read_shared(self, object_id: bytes, owner: bytes, deadline: float | None) -> Any:
-        """Map an object from shared memory (zero-copy), restoring or awaiting it."""
+    def read_shared(self, object_id: bytes, owner: bytes, deadline: float | None,
+                    node_id: bytes = b"") -> Any:
+        """Map an object from shared memory (zero-copy), restoring, pulling or awaiting it.
+
+        ``node_id``: where its primary copy lives, if not on this node.
+        """
         path = objectstore.segment_path(self.store_namespace, object_id)
         try:
             inband, buffers = objectstore.read_segment(path)
         except FileNotFoundError:
-            self.await_shared(object_id, owner, deadline)
+            self.await_shared(object_id, owner, deadline, node_id)
             inband, buffers = objectstore.read_segment(path)
         return deserialize(inband, buffers)
 
-    def await_shared(self, object_id: bytes, owner: bytes, deadline: float | None) -> None:
-        """Ask the node manager to make an object present; block until it is."""
+    def await_shared(self, object_id: bytes, owner: bytes, deadline: float | None,
+                     node_id: bytes = b"") -> None:
+        """Ask the node manager to make an object present here; block until it is."""
         done = threading.Event()
         box: list[m.ObjectAvailable] = []
         req_id = self.next_request_id()
@@ -473,7 +544,7 @@ class ClientRuntime:
             done.set()
 
         self._replies[req_id] = reply
-        self.nm.send(m.WaitObject(req_id, object_id, owner))
+        self.nm.send(m.WaitObject(req_id, object_id, owner, node_id))
         try:
             self._block(done, deadline, [object_id])
         except GetTimeoutError:
@@ -500,7 +571,7 @@ class ClientRuntime:
                 return lambda: self.store.remove_waiter(ref.id, callback)
         req_id = self.next_request_id()
         self._replies[req_id] = lambda msg: callback(ref.id)
-        self.nm.send(m.WaitObject(req_id, ref.id, ref.owner))
+        self.nm.send(m.WaitObject(req_id, ref.id, ref.owner, self.locations.get(ref.id, b"")))
         return lambda: self._forget_reply(req_id)
 
     def _forget_reply(self, req_id: int) -> None:
@@ -574,7 +645,7 @@ class ClientRuntime:
                     error = entry
                 else:
                     error = None
-                    record.spec.args[index] = resolved_arg(ref, entry)
+                    record.spec.args[index] = resolved_arg(ref, entry, self.location_of(ref.id))
                     record.deps -= 1
                     if record.spec.actor_id:
                         self.caller(record.spec.actor_id, record.max_retries).flush()
@@ -607,6 +678,8 @@ class ClientRuntime:
             self.fail_task(record, TaskCancelledError(
                 f"task {record.spec.name!r} was cancelled"))
             return
+        if msg.node_id != self.node_id:
+            self._hold_remote_results(msg)
         callbacks: list[tuple[Callable[[bytes], Any], bytes]] = []
         for ret in msg.returns:
             entry: Entry = ret.value if ret.value is not None else IN_STORE
@@ -616,6 +689,14 @@ class ClientRuntime:
         self._finish(record, "FAILED" if msg.returns and msg.returns[0].is_error else "FINISHED",
                      {"start_ts": msg.start_ts, "end_ts": msg.end_ts,
                       "worker_pid": msg.worker_pid, "node_id": msg.node_id})
+
+    def _hold_remote_results(self, msg: m.TaskResult) -> None:
+        """Results stored on another node: our node manager holds them there for us."""
+        remote = [ret.object_id for ret in msg.returns if ret.value is None]
+        if remote:
+            for object_id in remote:
+                self.locations[object_id] = msg.node_id
+            self.nm.send(m.AddHolds(remote, self.client_id, msg.node_id))
 
     def fail_task(self, record: TaskRecord, error: BaseException | None = None,
                   payload: m.Payload | None = None) -> None:
@@ -638,7 +719,7 @@ class ClientRuntime:
             self.submitter.records.pop(record.spec.task_id, None)
             record.keep_alive.clear()
         if record.has_contained:
-            self.nm.send(m.ReleaseHolder(record.spec.task_id))
+            self.nm.send(m.ReleaseHolder(record.spec.task_id))  # releases remote holds too
         self.writer.submit_task({"task_id": record.spec.task_id, "status": status,
                                  "attempt": record.spec.attempt, **fields})
         self.process_refops()
@@ -706,8 +787,8 @@ def _load(payload: m.Payload) -> Any:
                                      f"not be unpickled in this process: {exc!r}", None))
 
 
-def resolved_arg(ref: ObjectRef, entry: Entry | None) -> m.TaskArg:
-    """An argument for a ready owned ref: its inline value, or its id to read from the store."""
+def resolved_arg(ref: ObjectRef, entry: Entry | None, node_id: bytes) -> m.TaskArg:
+    """An argument for a ready owned ref: its inline value, or its id (and node) to read."""
     if isinstance(entry, m.Payload):
         return m.TaskArg(value=entry)
-    return m.TaskArg(object_id=ref.id)
+    return m.TaskArg(object_id=ref.id, node_id=node_id)

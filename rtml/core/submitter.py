@@ -1,8 +1,9 @@
 """The owner's task submitter: resolve arguments, lease workers, push tasks.
 
-    f.remote() -> TaskRecord --deps ready--> queue[shape]
+    f.remote() -> TaskRecord --deps ready--> queue[shape, strategy, node holding its args]
                                                 | idle leased worker?  yes -> PushTask (direct write)
-                                                | no -> RequestLease to the node manager
+                                                | no -> RequestLease to the local node manager
+    LeaseSpillback(node) -> RequestLease(spilled) to that node's manager (TCP)
     LeaseGranted -> connect to the worker ------+
     TaskResult   -> store returns, wake getters, push the next queued task
     worker gone  -> retry in-flight tasks (max_retries) or fail them
@@ -59,6 +60,9 @@ class LeasedWorker:
     lease_id: int
     worker_id: bytes
     key: tuple[Any, ...]
+    nm: Connection  # the node manager that granted the lease
+    node_id: bytes
+    gpu_ids: list[int] = field(default_factory=list)
     inflight: dict[bytes, TaskRecord] = field(default_factory=dict)
     idle_since: float = 0.0
     timer_armed: bool = False
@@ -67,6 +71,8 @@ class LeasedWorker:
 @dataclass
 class ShapeQueue:
     shape: Shape
+    strategy: str = ""
+    preferred_node: bytes = b""
     tasks: deque[TaskRecord] = field(default_factory=deque)
     workers: list[LeasedWorker] = field(default_factory=list)
     lease_requests: set[int] = field(default_factory=set)
@@ -78,21 +84,26 @@ class TaskSubmitter:
         self.rt = runtime
         self.queues: dict[tuple[Any, ...], ShapeQueue] = {}
         self.records: dict[bytes, TaskRecord] = {}
-        self._lease_keys: dict[int, tuple[Any, ...]] = {}
+        self._lease_keys: dict[int, tuple[tuple[Any, ...], Connection]] = {}
 
     # -- submission (user thread, under the runtime lock) ------------------------------------
 
     def enqueue(self, record: TaskRecord) -> None:
         """Queue a task whose arguments are resolved and push what can go now."""
         key = record.key
+        strategy = key[-1] if key else ""  # a remote function's key ends with its strategy
+        preferred = self._args_node(record.spec)
+        if preferred:
+            key = record.key = (*key, preferred)
         queue = self.queues.get(key)
         if queue is None:
-            queue = self.queues[key] = ShapeQueue(record.shape)
+            queue = self.queues[key] = ShapeQueue(record.shape, strategy, preferred)
         queue.tasks.append(record)
         self._pump(key, queue)
 
     def _pump(self, key: tuple[Any, ...], queue: ShapeQueue) -> None:
-        depth = PIPELINE_DEPTH if queue.avg_seconds < SHORT_TASK_SECONDS else 1
+        short = queue.avg_seconds < SHORT_TASK_SECONDS and queue.strategy != "SPREAD"
+        depth = PIPELINE_DEPTH if short else 1
         tasks = queue.tasks
         while tasks:
             worker = min(queue.workers, key=_load, default=None)
@@ -104,20 +115,36 @@ class TaskSubmitter:
             return
         wanted = min(len(tasks), MAX_LEASE_REQUESTS) - len(queue.lease_requests)
         for _ in range(max(0, wanted)):
-            req_id = self.rt.next_request_id()
-            queue.lease_requests.add(req_id)
-            self._lease_keys[req_id] = key
-            self.rt.nm.send(m.RequestLease(req_id, queue.shape))
+            self._request_lease(key, queue, self.rt.nm, spilled=False)
+
+    def _request_lease(self, key: tuple[Any, ...], queue: ShapeQueue, nm: Connection,
+                       spilled: bool) -> None:
+        req_id = self.rt.next_request_id()
+        queue.lease_requests.add(req_id)
+        self._lease_keys[req_id] = (key, nm)
+        nm.send(m.RequestLease(req_id, queue.shape, queue.strategy, queue.preferred_node,
+                               spilled))
+
+    def _args_node(self, spec: m.TaskSpec) -> bytes:
+        """Another node holding one of the task's large arguments, if any (locality)."""
+        here = self.rt.node_id
+        for arg in spec.args:
+            if arg.node_id and arg.node_id != here:
+                return arg.node_id
+        return b""
 
     def _cancel_lease_requests(self, queue: ShapeQueue) -> None:
         """Withdraw outstanding requests; a grant already on its way is handed back."""
         for req_id in queue.lease_requests:
-            self._lease_keys.pop(req_id, None)
-            self.rt.nm.send(m.CancelLeaseRequest(req_id))
+            entry = self._lease_keys.pop(req_id, None)
+            if entry is not None:
+                entry[1].send(m.CancelLeaseRequest(req_id))
         queue.lease_requests.clear()
 
     def _push(self, worker: LeasedWorker, record: TaskRecord) -> None:
         record.worker = worker
+        if worker.gpu_ids:
+            record.spec.gpu_ids = worker.gpu_ids
         busy = bool(worker.inflight)
         worker.inflight[record.spec.task_id] = record
         if busy:  # pipelined behind other tasks: coalesce with the rest of the burst
@@ -127,35 +154,69 @@ class TaskSubmitter:
 
     # -- leases (reactor thread) -------------------------------------------------------------
 
-    def on_lease_granted(self, msg: m.LeaseGranted) -> None:
-        key = self._lease_keys.pop(msg.req_id, None)
-        queue = self.queues.get(key) if key is not None else None
+    def _take_request(self, req_id: int) -> tuple[tuple[Any, ...], ShapeQueue | None]:
+        entry = self._lease_keys.pop(req_id, None)
+        if entry is None:
+            return (), None
+        queue = self.queues.get(entry[0])
         if queue is not None:
-            queue.lease_requests.discard(msg.req_id)
+            queue.lease_requests.discard(req_id)
+        return entry[0], queue
+
+    def on_lease_granted(self, msg: m.LeaseGranted, nm: Connection, node_id: bytes) -> None:
+        key, queue = self._take_request(msg.req_id)
         if queue is None or not queue.tasks:
-            self.rt.nm.send(m.ReturnLease(msg.lease_id))
+            nm.send(m.ReturnLease(msg.lease_id))
             return
         try:
             conn = self.rt.connect_worker(msg.address, self._on_message,
                                           self._on_worker_closed)
         except Exception as exc:  # the worker died between grant and connect
             log.warning("leased worker at %s unreachable: %s", msg.address, exc)
-            self.rt.nm.send(m.ReturnLease(msg.lease_id))
+            nm.send(m.ReturnLease(msg.lease_id))
             with self.rt.lock:
-                self._pump(key, queue)  # type: ignore[arg-type]
+                self._pump(key, queue)
             return
-        worker = LeasedWorker(conn, msg.lease_id, msg.worker_id, key)  # type: ignore[arg-type]
+        worker = LeasedWorker(conn, msg.lease_id, msg.worker_id, key, nm, node_id,
+                              msg.gpu_ids)
         conn.context = worker
         with self.rt.lock:
             queue.workers.append(worker)
-            self._pump(key, queue)  # type: ignore[arg-type]
+            self._pump(key, queue)
+
+    def on_spillback(self, msg: m.LeaseSpillback) -> None:
+        """The local node has no room: ask the node the global scheduler picked."""
+        key, queue = self._take_request(msg.req_id)
+        if queue is None or not queue.tasks:
+            return
+        try:
+            nm = self.rt.node_manager_at(msg.node_id, msg.address)
+        except Exception as exc:
+            log.warning("node %s at %s unreachable: %s", msg.node_id.hex(), msg.address, exc)
+            with self.rt.lock:
+                self._pump(key, queue)
+            return
+        with self.rt.lock:
+            self._request_lease(key, queue, nm, spilled=True)
+
+    def node_died(self, node_id: bytes) -> None:
+        """Drop leases and requests on a dead node: its tasks are retried elsewhere."""
+        with self.rt.lock:
+            workers = [w for q in self.queues.values() for w in q.workers
+                       if w.node_id == node_id]
+            stale = [req_id for req_id, (_, nm) in self._lease_keys.items()
+                     if self.rt.node_of(nm) == node_id]
+            for req_id in stale:
+                key, queue = self._take_request(req_id)
+                if queue is not None:
+                    self._pump(key, queue)
+        for worker in workers:
+            worker.conn.close(f"its node {node_id.hex()} died")
 
     def on_lease_failed(self, msg: m.LeaseFailed) -> None:
-        key = self._lease_keys.pop(msg.req_id, None)
-        queue = self.queues.get(key) if key is not None else None
+        key, queue = self._take_request(msg.req_id)
         if queue is None:
             return
-        queue.lease_requests.discard(msg.req_id)
         with self.rt.lock:
             failed = list(queue.tasks)
             queue.tasks.clear()
@@ -205,7 +266,7 @@ class TaskSubmitter:
                 return
             queue = self.queues[worker.key]
             queue.workers.remove(worker)
-        self.rt.nm.send(m.ReturnLease(worker.lease_id))
+        worker.nm.send(m.ReturnLease(worker.lease_id))
         worker.conn.on_close = None
         worker.conn.close("lease returned")
 
@@ -214,7 +275,7 @@ class TaskSubmitter:
         if worker is None:
             return
         rt = self.rt
-        rt.nm.send(m.ReturnLease(worker.lease_id))  # a no-op if the worker died
+        worker.nm.send(m.ReturnLease(worker.lease_id))  # a no-op if the worker died
         failed: list[tuple[TaskRecord, BaseException]] = []
         with rt.lock:
             queue = self.queues[worker.key]
@@ -247,7 +308,8 @@ class TaskSubmitter:
                 queue.tasks.remove(record)
                 return True
         if record.worker is not None:
-            self.rt.nm.send(m.CancelTask(record.spec.task_id, record.worker.worker_id, force))
+            worker = record.worker
+            worker.nm.send(m.CancelTask(record.spec.task_id, worker.worker_id, force))
         return record.deps > 0
 
     def shutdown(self) -> None:
@@ -255,7 +317,7 @@ class TaskSubmitter:
         for queue in self.queues.values():
             for worker in queue.workers:
                 if not worker.inflight:
-                    self.rt.nm.send(m.ReturnLease(worker.lease_id))
+                    worker.nm.send(m.ReturnLease(worker.lease_id))
                 worker.conn.on_close = None
                 worker.conn.close("shutdown")
 

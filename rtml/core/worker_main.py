@@ -53,6 +53,8 @@ class TaskServer:
         self.reactor = reactor
 
     def accept(self, sock: socket.socket) -> None:
+        if sock.family != socket.AF_UNIX:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         conn = Connection(self.rt.reactor, sock, self._on_first, name="owner")
         conn._decoder.max_frame = HELLO_MAX_FRAME  # nothing big before the token is shown
         self.rt.reactor.add(conn)
@@ -127,9 +129,12 @@ def main(argv: list[str]) -> int:
     listener.bind(path)
     os.chmod(path, 0o600)
     listener.listen(128)
+    tcp_listener = socket.create_server((cfg["node_ip"], 0), backlog=128)
+    host, port = tcp_listener.getsockname()[:2]
     server = TaskServer(rt, executor, server_reactor)
     rt.reactor.listen(listener, server.accept)
-    rt.nm.send(m.WorkerListening(f"unix:{path}"))
+    rt.reactor.listen(tcp_listener, server.accept)
+    rt.nm.send(m.WorkerListening(f"unix:{path}", f"{host}:{port}"))
     try:
         server_reactor.run()
     finally:
@@ -141,12 +146,12 @@ def _on_nm_message(rt: ClientRuntime, executor: Executor, server: Reactor, msg: 
     if isinstance(msg, m.CancelRunning):
         executor.cancel(msg.task_id)
     elif isinstance(msg, m.BecomeActor):
-        server.call_soon(_become_actor, rt, executor, msg.spec)
+        server.call_soon(_become_actor, rt, executor, msg)
 
 
-def _become_actor(rt: ClientRuntime, executor: Executor, spec: m.ActorSpec) -> None:
-    error = executor.become_actor(spec)
-    rt.nm.send(m.ActorReady(spec.actor_id, error))
+def _become_actor(rt: ClientRuntime, executor: Executor, msg: m.BecomeActor) -> None:
+    error = executor.become_actor(msg.spec, msg.gpu_ids)
+    rt.nm.send(m.ActorReady(msg.spec.actor_id, error))
 
 
 if __name__ == "__main__":

@@ -247,6 +247,18 @@ class StoreCore:
         self._release_holder_into_candidates(object_id)
         return commands
 
+    def fail_waiters(self, object_id: bytes, reason: str) -> list[Command]:
+        """The object cannot be obtained here (its pull failed): tell its waiters why.
+
+        Only for an object not sealed here; its holds are kept.
+        """
+        entry = self._entries.get(object_id)
+        if entry is None or entry.state is not None:
+            return []
+        waiters = self._forget_waiters(object_id, entry)
+        self._drop_if_unused_placeholder(object_id, entry)
+        return [NotifyLost(object_id, waiters, reason)] if waiters else []
+
     # ---- holds and deletion --------------------------------------------------
 
     def add_holds(self, object_ids: Iterable[bytes], holder: bytes) -> list[Command]:

@@ -10,13 +10,15 @@ Protocols (one connection each, all opening with ``Hello``):
     client (driver/worker) -> node manager   leases, object store, cancel
     owner -> worker                          PushTask / TaskResult
     client, node manager -> head service     jobs, nodes, actors, cluster state
+    node manager -> node manager (TCP)       holds on objects whose primary copy is there,
+                                             frees of copies (object bytes move over gRPC)
 """
 
 from __future__ import annotations
 
 import msgspec
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 
 class Msg(msgspec.Struct, array_like=True, tag=True, omit_defaults=False):
@@ -33,6 +35,7 @@ class Hello(Msg, tag=1):
     pid: int
     job_id: bytes = b""
     sys_paths: list[str] = []
+    node_id: bytes = b""  # the node the connecting process runs on
 
 
 class HelloReply(Msg, tag=2):
@@ -55,6 +58,7 @@ class TaskArg(msgspec.Struct, array_like=True):
     """One argument: an inline value, or an object id the worker resolves itself."""
     value: Payload | None = None
     object_id: bytes = b""
+    node_id: bytes = b""  # where the object's primary copy lives
 
 
 class ReturnObject(msgspec.Struct, array_like=True):
@@ -78,6 +82,8 @@ class TaskSpec(msgspec.Struct, array_like=True):
     actor_id: bytes = b""
     method: str = ""
     attempt: int = 0
+    gpu_ids: list[int] = []  # the GPUs of the lease it runs on (CUDA_VISIBLE_DEVICES)
+    owner_node: bytes = b""  # large results on another node are held there for this node
 
 
 class PushTask(Msg, tag=10):
@@ -99,12 +105,23 @@ class TaskResult(Msg, tag=11):
 class RequestLease(Msg, tag=20):
     req_id: int
     shape: dict[str, float]
+    strategy: str = ""  # "" | "SPREAD" | "node:<hex id>" | "node:<hex id>:soft"
+    preferred_node: bytes = b""  # holds the task's large arguments
+    spilled: bool = False  # placed here by the head: grant here, never spill again
 
 
 class LeaseGranted(Msg, tag=21):
     req_id: int
     lease_id: int
     worker_id: bytes
+    address: str
+    gpu_ids: list[int] = []
+
+
+class LeaseSpillback(Msg, tag=28):
+    """Ask the node manager at ``address`` (node ``node_id``) for this lease instead."""
+    req_id: int
+    node_id: bytes
     address: str
 
 
@@ -144,11 +161,13 @@ class SealObject(Msg, tag=30):
 class AddHolds(Msg, tag=31):
     object_ids: list[bytes]
     holder: bytes
+    node_id: bytes = b""  # the objects' primary node, if not the receiver
 
 
 class ReleaseHolds(Msg, tag=32):
     object_ids: list[bytes]
     holder: bytes
+    node_id: bytes = b""
 
 
 class ReleaseHolder(Msg, tag=33):
@@ -159,6 +178,7 @@ class WaitObject(Msg, tag=34):
     req_id: int
     object_id: bytes
     owner_id: bytes
+    node_id: bytes = b""  # where the primary copy lives (pulled from there if not here)
 
 
 class ObjectAvailable(Msg, tag=35):
@@ -189,7 +209,8 @@ class CancelRunning(Msg, tag=40):
 
 
 class WorkerListening(Msg, tag=41):
-    address: str
+    address: str  # unix socket, for owners on this node
+    tcp_address: str  # for owners on other nodes
 
 
 class WorkerOutput(Msg, tag=44):
@@ -217,10 +238,12 @@ class ActorSpec(msgspec.Struct, array_like=True):
     namespace: str = ""
     detached: bool = False
     sys_paths: list[str] = []
+    strategy: str = ""  # as RequestLease.strategy
 
 
 class BecomeActor(Msg, tag=42):
     spec: ActorSpec
+    gpu_ids: list[int] = []
 
 
 class ActorReady(Msg, tag=43):
@@ -232,10 +255,52 @@ class ActorReady(Msg, tag=43):
 
 class RegisterNode(Msg, tag=50):
     node_id: bytes
-    address: str
+    address: str  # host:port of the node manager (TCP)
     unix_path: str
     resources: dict[str, float]
     session_dir: str
+    transfer_address: str = ""  # gRPC object transfer; sent later by NodeTransferReady
+
+
+class NodeTransferReady(Msg, tag=64):
+    node_id: bytes
+    transfer_address: str
+
+
+class NodeEntry(msgspec.Struct, array_like=True):
+    node_id: bytes
+    address: str
+    transfer_address: str
+    alive: bool
+
+
+class NodeTable(Msg, tag=65):
+    """The head's node list, sent to every node manager when it changes."""
+    nodes: list[NodeEntry]
+
+
+class NodeDied(Msg, tag=66):
+    """Sent to node managers and drivers: tasks, objects and actors there are gone."""
+    node_id: bytes
+    reason: str
+
+
+class SpillLease(Msg, tag=67):
+    """A node manager asks the global scheduler where a lease request should go."""
+    req_id: int
+    shape: dict[str, float]
+    strategy: str
+    preferred_node: bytes
+    must_move: bool  # the origin cannot ever run it (infeasible there, or pinned elsewhere)
+
+
+class LeasePlaced(Msg, tag=68):
+    """The global scheduler's answer: a node (possibly the origin itself), or an error."""
+    req_id: int
+    node_id: bytes
+    address: str
+    error: str = ""
+    infeasible: bool = False  # no node fits yet: an answer follows when one joins
 
 
 class NodeHeartbeat(Msg, tag=51):
@@ -273,6 +338,8 @@ class ActorInfo(Msg, tag=55):
     address: str = ""
     error: str = ""
     spec: ActorSpec | None = None
+    tcp_address: str = ""
+    node_id: bytes = b""
 
 
 class KillActor(Msg, tag=56):
@@ -289,6 +356,8 @@ class ActorStarted(Msg, tag=58):
     worker_id: bytes
     address: str
     error: str = ""
+    tcp_address: str = ""
+    node_id: bytes = b""
 
 
 class ActorWorkerDied(Msg, tag=59):
@@ -313,6 +382,11 @@ class Shutdown(Msg, tag=63):
     pass
 
 
+class ObjectsFreed(Msg, tag=69):
+    """Primary node -> nodes holding copies: the objects were deleted; drop the copies."""
+    object_ids: list[bytes]
+
+
 Message = (
     Hello | HelloReply | PushTask | TaskResult | RequestLease | LeaseGranted | LeaseFailed
     | ReturnLease | CancelLeaseRequest | LeaseInfeasible | WorkerBlocked | WorkerUnblocked | SealObject | AddHolds
@@ -320,7 +394,8 @@ Message = (
     | StoreStatsReply | CancelRunning | WorkerListening | WorkerOutput | BecomeActor | ActorReady
     | RegisterNode | NodeHeartbeat | RegisterJob | CreateActor | GetActorInfo | ActorInfo
     | KillActor | StartActor | ActorStarted | ActorWorkerDied | KillActorWorker
-    | GetClusterInfo | ClusterInfo | Shutdown
+    | GetClusterInfo | ClusterInfo | Shutdown | LeaseSpillback | NodeTransferReady | NodeTable
+    | NodeDied | SpillLease | LeasePlaced | ObjectsFreed
 )
 
 _encoder = msgspec.msgpack.Encoder()

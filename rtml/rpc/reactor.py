@@ -450,6 +450,6 @@ def open_connection(reactor: Reactor, address: str, hello: m.Hello, handler: Han
 
 
 def make_hello(token: str, role: str, client_id: bytes, job_id: bytes = b"",
-               sys_paths: list[str] | None = None) -> m.Hello:
+               sys_paths: list[str] | None = None, node_id: bytes = b"") -> m.Hello:
     return m.Hello(token=token, version=m.PROTOCOL_VERSION, role=role, client_id=client_id,
-                   pid=os.getpid(), job_id=job_id, sys_paths=sys_paths or [])
+                   pid=os.getpid(), job_id=job_id, sys_paths=sys_paths or [], node_id=node_id)

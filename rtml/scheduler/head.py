@@ -1,6 +1,9 @@
 """The head service: node table, global placement, actors, jobs.
 
     node managers --RegisterNode/NodeHeartbeat--> node view (resources, pending demand)
+                  --SpillLease--> GlobalScheduler.place --LeasePlaced--> origin node manager
+    no heartbeat for node_timeout s, or its connection closed --> node dead: NodeDied to
+                  every node manager and driver; its actors restart elsewhere or die
     drivers --CreateActor--> pick a node that fits --StartActor--> node manager
                              <--ActorStarted / ActorWorkerDied-- restart or mark DEAD
     callers --GetActorInfo--> answered when the actor is ALIVE (at a new address) or DEAD
@@ -27,11 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rtml.config import HeadConfig
+from rtml.config import HEARTBEAT_INTERVAL, HeadConfig
 from rtml.control_plane import BatchedWriter, ControlPlane
 from rtml.daemon import die_with_parent, report_ready, setup_logging
 from rtml.rpc import messages as m
 from rtml.rpc.server import Peer, Service, protocol_factory
+from rtml.scheduler import placement as pl
 from rtml.scheduler.resources import fits
 from rtml.session import Session
 
@@ -43,12 +47,17 @@ DRIVER_EXITED = "the driver exited"
 
 @dataclass
 class NodeState:
-    node_id: bytes
+    view: pl.NodeView
     peer: Peer
-    address: str
-    total: dict[str, float]
-    available: dict[str, float]
-    alive: bool = True
+    transfer_address: str = ""
+
+    @property
+    def alive(self) -> bool:
+        return self.view.alive
+
+    def entry(self) -> m.NodeEntry:
+        view = self.view
+        return m.NodeEntry(view.node_id, view.address, self.transfer_address, view.alive)
 
 
 @dataclass
@@ -59,6 +68,7 @@ class ActorState:
     node_id: bytes = b""
     restarts: int = 0
     error: str = ""
+    tcp_address: str = ""
     no_restart: bool = False
     waiters: list[tuple[Peer, int, str]] = field(default_factory=list)
 
@@ -71,6 +81,7 @@ class HeadService(Service):
         self.events = BatchedWriter(self.plane, interval=EVENT_FLUSH_INTERVAL)
         self.background: set[asyncio.Future[None]] = set()
         self.nodes: dict[bytes, NodeState] = {}
+        self.sched = pl.GlobalScheduler()
         self.actors: dict[bytes, ActorState] = {}
         self.pending_actors: list[bytes] = []
         self.jobs: dict[bytes, Peer] = {}
@@ -88,12 +99,9 @@ class HeadService(Service):
         handler(self, peer, msg)
 
     def on_disconnect(self, peer: Peer) -> None:
-        for node in self.nodes.values():
+        for node_id, node in list(self.nodes.items()):
             if node.peer is peer and node.alive:
-                node.alive = False
-                self.plane.mark_node_dead(node.node_id)
-                self._event("NodeDied", node_id=node.node_id,
-                            reason="its connection to the head closed")
+                self._node_died(node_id, "its connection to the head closed")
         for job_id, job_peer in list(self.jobs.items()):
             if job_peer is peer:
                 del self.jobs[job_id]
@@ -122,20 +130,88 @@ class HeadService(Service):
     # -- nodes and jobs ----------------------------------------------------------------------
 
     def _register_node(self, peer: Peer, msg: m.RegisterNode) -> None:
-        self.nodes[msg.node_id] = NodeState(msg.node_id, peer, msg.address, msg.resources,
-                                            dict(msg.resources))
+        view = pl.NodeView(msg.node_id, msg.address, msg.resources, dict(msg.resources),
+                           last_heartbeat=time.monotonic())
+        self.nodes[msg.node_id] = NodeState(view, peer, msg.transfer_address)
         self.plane.put_node(msg.node_id, {"address": msg.address, "resources": msg.resources,
                                           "session_dir": msg.session_dir, "alive": True,
                                           "start_ts": time.time()})
         self._event("NodeRegistered", node_id=msg.node_id, address=msg.address,
                     resources=msg.resources)
+        self._broadcast_nodes()
+        self._decided(self.sched.node_added(view))
         self._place_pending()
 
-    def _heartbeat(self, peer: Peer, msg: m.NodeHeartbeat) -> None:
+    def _transfer_ready(self, peer: Peer, msg: m.NodeTransferReady) -> None:
         node = self.nodes.get(msg.node_id)
         if node is not None:
-            node.available = msg.available
+            node.transfer_address = msg.transfer_address
+            self._broadcast_nodes()
+
+    def _broadcast_nodes(self) -> None:
+        table = m.NodeTable([node.entry() for node in self.nodes.values()])
+        for node in self.nodes.values():
+            if node.alive:
+                node.peer.send(table)
+
+    def _heartbeat(self, peer: Peer, msg: m.NodeHeartbeat) -> None:
+        self._decided(self.sched.heartbeat(msg.node_id, msg.available, time.monotonic()))
         self.plane.heartbeat(msg.node_id, msg.available, msg.pending_shapes)
+        if self.pending_actors:
+            self._place_pending()
+
+    def check_liveness(self) -> None:
+        """Declare dead every node silent for longer than the node timeout."""
+        for node_id in self.sched.expired(time.monotonic(), self.cfg.node_timeout):
+            self._node_died(node_id, f"it sent no heartbeat for {self.cfg.node_timeout:g} s")
+
+    def _node_died(self, node_id: bytes, reason: str) -> None:
+        node = self.nodes[node_id]
+        self.sched.node_died(node_id)
+        self.plane.mark_node_dead(node_id)
+        self._event("NodeDied", node_id=node_id, reason=reason)
+        log.warning("node %s is dead: %s", node_id.hex(), reason)
+        node.peer.send(m.Shutdown())  # should it come back, it must not serve stale state
+        notice = m.NodeDied(node_id, reason)  # node managers tell their drivers and workers
+        for other in self.nodes.values():
+            if other.alive:
+                other.peer.send(notice)
+        self._broadcast_nodes()
+        for actor in list(self.actors.values()):
+            if actor.node_id == node_id and actor.state in ("ALIVE", "PENDING", "RESTARTING"):
+                self._actor_died(node.peer, m.ActorWorkerDied(
+                    actor.spec.actor_id, f"its node {node_id.hex()} died: {reason}"))
+
+    # -- spilled lease requests (the global scheduler) ---------------------------------------
+
+    def _spill_lease(self, peer: Peer, msg: m.SpillLease) -> None:
+        origin = self._node_of(peer)
+        if origin is None:
+            return
+        request = pl.Request(origin, msg.req_id, msg.shape, msg.strategy, msg.preferred_node,
+                             msg.must_move)
+        decision = self.sched.place(request)
+        if isinstance(decision, pl.Pending):
+            peer.send(m.LeasePlaced(msg.req_id, b"", "", infeasible=True))
+        else:
+            self._decided([decision])
+
+    def _decided(self, decisions: list[pl.Decision]) -> None:
+        for decision in decisions:
+            origin = self.nodes.get(decision.request.origin)
+            if origin is None or not origin.alive:
+                continue
+            req_id = decision.request.req_id
+            if isinstance(decision, pl.Placed):
+                origin.peer.send(m.LeasePlaced(req_id, decision.node_id, decision.address))
+            elif isinstance(decision, pl.Failed):
+                origin.peer.send(m.LeasePlaced(req_id, b"", "", error=decision.error))
+
+    def _node_of(self, peer: Peer) -> bytes | None:
+        for node_id, node in self.nodes.items():
+            if node.peer is peer and node.alive:
+                return node_id
+        return None
 
     def _register_job(self, peer: Peer, msg: m.RegisterJob) -> None:
         self.jobs[msg.job_id] = peer
@@ -144,10 +220,21 @@ class HeadService(Service):
                                         "status": "RUNNING"})
         self._event("JobStarted", job_id=msg.job_id, pid=msg.pid, namespace=msg.namespace)
 
+    def _output(self, peer: Peer, msg: m.WorkerOutput) -> None:
+        """Worker prints, from any node, go to the driver of the job that printed them."""
+        if msg.job_id:
+            driver = self.jobs.get(msg.job_id)
+            if driver is not None:
+                driver.send(msg)
+        else:
+            for driver in self.jobs.values():
+                driver.send(msg)
+
     def _cluster_info(self, peer: Peer, msg: m.GetClusterInfo) -> None:
         nodes: list[dict[str, object]] = [
-            {"NodeID": n.node_id.hex(), "Alive": n.alive, "NodeManagerAddress": n.address,
-             "Resources": n.total, "Available": n.available} for n in self.nodes.values()]
+            {"NodeID": n.view.node_id.hex(), "Alive": n.alive,
+             "NodeManagerAddress": n.view.address, "Resources": n.view.total,
+             "Available": n.view.available} for n in self.nodes.values()]
         peer.send(m.ClusterInfo(msg.req_id, nodes))
 
     # -- actors ------------------------------------------------------------------------------
@@ -180,14 +267,23 @@ class HeadService(Service):
         return None
 
     def _place(self, actor: ActorState) -> None:
-        nodes = [n for n in self.nodes.values() if n.alive and fits(actor.spec.shape, n.total)]
-        if not nodes:
+        view = self._actor_node(actor.spec)
+        if view is None:
             if actor.spec.actor_id not in self.pending_actors:
                 self.pending_actors.append(actor.spec.actor_id)
             return
-        node = max(nodes, key=lambda n: fits(actor.spec.shape, n.available))
-        actor.node_id = node.node_id
-        node.peer.send(m.StartActor(actor.spec))
+        actor.node_id = view.node_id
+        self.nodes[view.node_id].peer.send(m.StartActor(actor.spec))
+
+    def _actor_node(self, spec: m.ActorSpec) -> pl.NodeView | None:
+        affinity = pl.parse_affinity(spec.strategy)
+        if affinity is not None:
+            node = self.nodes.get(affinity[0])
+            if node is not None and node.alive and fits(spec.shape, node.view.total):
+                return node.view
+            if not affinity[1]:
+                return None
+        return self.sched.pick_for_actor(spec.shape, spread=spec.strategy == pl.SPREAD)
 
     def _place_pending(self) -> None:
         pending, self.pending_actors = self.pending_actors, []
@@ -205,7 +301,7 @@ class HeadService(Service):
             actor.error = f"the actor's constructor failed: {msg.error}"
             self._kill(actor, actor.error)
             return
-        actor.state, actor.address = "ALIVE", msg.address
+        actor.state, actor.address, actor.tcp_address = "ALIVE", msg.address, msg.tcp_address
         self._record(actor)
         self._answer(actor)
 
@@ -274,7 +370,7 @@ class HeadService(Service):
 
     def _info(self, req_id: int, actor: ActorState) -> m.ActorInfo:
         return m.ActorInfo(req_id, actor.spec.actor_id, actor.state, actor.address,
-                           actor.error, actor.spec)
+                           actor.error, actor.spec, actor.tcp_address, actor.node_id)
 
     def _record(self, actor: ActorState) -> None:
         spec = actor.spec
@@ -296,7 +392,8 @@ class HeadService(Service):
         m.RegisterJob: _register_job, m.GetClusterInfo: _cluster_info,
         m.CreateActor: _create_actor, m.ActorStarted: _actor_started,
         m.ActorWorkerDied: _actor_died, m.KillActor: _kill_actor,
-        m.GetActorInfo: _get_actor,
+        m.GetActorInfo: _get_actor, m.NodeTransferReady: _transfer_ready,
+        m.SpillLease: _spill_lease, m.WorkerOutput: _output,
     }
 
 
@@ -327,9 +424,11 @@ async def serve(cfg: HeadConfig, ready_fd: int) -> None:
         server = await loop.create_server(protocol_factory(head), cfg.host, cfg.port)
     port = server.sockets[0].getsockname()[1]
     report_ready(ready_fd, f"ok {cfg.host}:{port}")
+    liveness = asyncio.create_task(_watch_liveness(head))
     try:
         await head.stopped.wait()
     finally:
+        liveness.cancel()
         for node in head.nodes.values():
             if node.alive:
                 node.peer.send(m.Shutdown())
@@ -338,6 +437,12 @@ async def serve(cfg: HeadConfig, ready_fd: int) -> None:
             await asyncio.wait(head.background, timeout=5.0)
         head.events.close()
         head.plane.close()
+
+
+async def _watch_liveness(head: HeadService) -> None:
+    while True:
+        await asyncio.sleep(HEARTBEAT_INTERVAL)
+        head.check_liveness()
 
 
 def main(argv: list[str]) -> int:

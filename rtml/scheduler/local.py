@@ -16,6 +16,7 @@ returns (grant a lease, start a worker process, report infeasible demand).
 from __future__ import annotations
 
 import itertools
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,7 @@ from typing import Any
 from rtml.scheduler.resources import Shape, add, fits, subtract
 
 CPU = "CPU"
+GPU = "GPU"
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,7 @@ class Grant:
     req_id: int
     lease_id: int
     worker_id: bytes
+    gpu_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,7 @@ class StopWorker:
 class StartActor:
     """An actor has its resources; start its dedicated worker."""
     actor_id: bytes
+    gpu_ids: tuple[int, ...] = ()
 
 
 @dataclass
@@ -63,6 +67,7 @@ class Lease:
     worker_id: bytes
     shape: Shape
     blocked: bool = False
+    gpu_ids: tuple[int, ...] = ()
 
 
 @dataclass
@@ -87,10 +92,13 @@ class LocalScheduler:
     actors_pending: deque[PendingActor] = field(default_factory=deque)
     actor_shapes: dict[bytes, Shape] = field(default_factory=dict)
     idle_ticks: dict[bytes, int] = field(default_factory=dict)
+    free_gpus: list[int] = field(init=False)
+    actor_gpus: dict[bytes, tuple[int, ...]] = field(default_factory=dict)
     _ids: itertools.count = field(default_factory=lambda: itertools.count(1))
 
     def __post_init__(self) -> None:
         self.available = dict(self.total)
+        self.free_gpus = list(range(int(self.total.get(GPU, 0))))
 
     # -- events ------------------------------------------------------------------------------
 
@@ -101,10 +109,12 @@ class LocalScheduler:
         self.pending.append(LeaseRequest(client, req_id, shape))
         return self.dispatch()
 
-    def cancel_request(self, client: Any, req_id: int) -> list[Any]:
+    def cancel_request(self, client: Any, req_id: int) -> bool:
+        """Withdraw a waiting request; False if it is not waiting (granted, or unknown)."""
+        before = len(self.pending)
         self.pending = deque(r for r in self.pending
                              if not (r.client is client and r.req_id == req_id))
-        return []
+        return len(self.pending) < before
 
     def worker_ready(self, worker_id: bytes) -> list[Any]:
         self.starting = max(0, self.starting - 1)
@@ -168,6 +178,7 @@ class LocalScheduler:
         shape = self.actor_shapes.pop(actor_id, None)
         if shape is not None:
             add(self.available, shape)
+        self.free_gpus.extend(self.actor_gpus.pop(actor_id, ()))
         return self.dispatch()
 
     # -- dispatch ----------------------------------------------------------------------------
@@ -180,7 +191,10 @@ class LocalScheduler:
                 self.actors_pending.remove(actor)
                 subtract(self.available, actor.hold_shape)
                 self.actor_shapes[actor.actor_id] = actor.hold_shape
-                commands.append(StartActor(actor.actor_id))
+                gpus = self._take_gpus(actor.place_shape)
+                if actor.place_shape.get(GPU, 0.0) >= 1:  # whole GPUs come back when it ends
+                    self.actor_gpus[actor.actor_id] = gpus
+                commands.append(StartActor(actor.actor_id, gpus))
         waiting = 0
         room = dict(self.available)  # what is left once waiting requests get workers
         for request in list(self.pending):
@@ -220,13 +234,27 @@ class LocalScheduler:
 
     def _grant(self, request: LeaseRequest) -> Grant:
         worker_id = self.idle.popleft()
-        lease = Lease(next(self._ids), request.client, worker_id, request.shape)
+        lease = Lease(next(self._ids), request.client, worker_id, request.shape,
+                      gpu_ids=self._take_gpus(request.shape))
         self.leases[lease.lease_id] = lease
         self.lease_of_worker[worker_id] = lease.lease_id
         subtract(self.available, request.shape)
-        return Grant(request.client, request.req_id, lease.lease_id, worker_id)
+        return Grant(request.client, request.req_id, lease.lease_id, worker_id, lease.gpu_ids)
+
+    def _take_gpus(self, shape: Shape) -> tuple[int, ...]:
+        """GPU ids for a grant: whole GPUs are taken; a fraction shares the first free one."""
+        wanted = shape.get(GPU, 0.0)
+        if wanted <= 0 or not self.free_gpus:
+            return ()
+        if wanted < 1:
+            return (self.free_gpus[0],)
+        count = min(len(self.free_gpus), math.ceil(wanted))
+        taken, self.free_gpus = self.free_gpus[:count], self.free_gpus[count:]
+        return tuple(taken)
 
     def _release(self, lease: Lease) -> None:
+        if lease.shape.get(GPU, 0.0) >= 1:
+            self.free_gpus.extend(lease.gpu_ids)
         self.lease_of_worker.pop(lease.worker_id, None)
         shape = dict(lease.shape)
         if lease.blocked:

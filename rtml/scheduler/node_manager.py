@@ -1,14 +1,16 @@
-"""The node manager: local scheduler, worker pool and shared-memory store of one node.
+"""The node manager: local scheduler, worker pool and object manager of one node.
 
-    drivers/workers --unix socket--> NodeManager.on_message
-        RequestLease  -> LocalScheduler -> Grant -> LeaseGranted(worker address)
-        Seal/Holds    -> StoreCore      -> Spill/Restore/Delete files, ObjectAvailable
+    local clients --unix socket--> NodeManager.on_message     other nodes' owners --TCP--^
+        RequestLease --fits here--> LocalScheduler -> Grant -> LeaseGranted(worker address)
+                     --no room here, or needs another node--> SpillLease --> head
+                       <--LeasePlaced-- (the global scheduler's pick)
+                     --> LeaseSpillback(node, address): the owner asks that node instead
+        Seal/Holds/WaitObject -> ObjectManager (store, remote holds, pulls over gRPC)
         WorkerBlocked -> CPU lent back while a task waits in get()
-    head service <--tcp/unix-- RegisterNode, NodeHeartbeat (resources, pending demand),
-                               StartActor -> dedicated worker -> ActorStarted
+    head service <--TCP-- RegisterNode, NodeHeartbeat (resources, pending demand),
+                          StartActor -> dedicated worker -> ActorStarted
+                 --> NodeTable (addresses of the other nodes), NodeDied (forwarded to clients)
     worker exit (pidfd) -> lease freed, holds dropped, pool refilled, head told
-    seal/spill/restore/delete -> ObjectTableBatch --each heartbeat tick, one pipelined
-                                 call in a thread--> control plane objects table
 
 Run as ``python -m rtml.scheduler.node_manager CONFIG_JSON READY_FD``.
 """
@@ -26,74 +28,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rtml import objectstore as ostore
 from rtml.config import HEARTBEAT_INTERVAL, TOKEN_ENV, NodeConfig
 from rtml.control_plane import ControlPlane
-from rtml.daemon import FramedClient, die_with_parent, pid_alive, report_ready, setup_logging
+from rtml.daemon import (
+    FramedClient,
+    NodeLinks,
+    die_with_parent,
+    pid_alive,
+    report_ready,
+    setup_logging,
+)
+from rtml.exceptions import ProtocolError, RtmlSystemError
 from rtml.ids import random_id
+from rtml.objectstore.manager import ObjectManager
 from rtml.rpc import messages as m
 from rtml.rpc.reactor import make_hello
 from rtml.rpc.server import Peer, Service, protocol_factory
 from rtml.scheduler.local import Grant, LocalScheduler, StartActor, StartWorker, StopWorker
+from rtml.scheduler.placement import SPREAD, parse_affinity
+from rtml.scheduler.resources import fits
 from rtml.scheduler.worker_procs import WorkerLauncher, WorkerProc
 from rtml.session import Session
 
 log = logging.getLogger(__name__)
 
-GONE_CLIENTS_KEPT = 10_000
-"""Disconnected client ids remembered, so late seals on their behalf hold nothing."""
-
 IDLE_WORKER_TICKS = 10
 """Heartbeat ticks (0.5 s each) a worker beyond the pool size may idle before it is stopped."""
-
-
-class ObjectTableBatch:
-    """Object-table changes waiting for the next flush to the control plane.
-
-    Sans-I/O: the node manager notes seals, state changes and deletes as they
-    happen (a dict update each) and drains a batch once per heartbeat tick.
-    ``recorded`` is every id written or about to be written, so a state change
-    of an object that was deleted meanwhile cannot resurrect a partial record.
-    """
-
-    def __init__(self, node_id: bytes) -> None:
-        self.node_id = node_id
-        self.puts: dict[bytes, dict[str, Any]] = {}
-        self.removes: set[bytes] = set()
-        self.recorded: set[bytes] = set()
-
-    def sealed(self, object_id: bytes, size: int, owner: bytes) -> None:
-        """A new object was sealed here; ``owner`` is its first holder (a hint)."""
-        self.removes.discard(object_id)
-        self.recorded.add(object_id)
-        self.puts[object_id] = {"node_id": self.node_id, "locations": [self.node_id],
-                                "size": size, "state": "SEALED", "owner": owner}
-
-    def state_changed(self, object_id: bytes, state: str) -> None:
-        """The object moved between shared memory (SEALED) and disk (SPILLED)."""
-        if object_id in self.recorded:
-            self.puts.setdefault(object_id, {})["state"] = state
-
-    def deleted(self, object_id: bytes) -> None:
-        if object_id in self.recorded:
-            self.recorded.discard(object_id)
-            self.puts.pop(object_id, None)
-            self.removes.add(object_id)
-
-    def drain(self) -> tuple[dict[bytes, dict[str, Any]], list[bytes]]:
-        """The pending (puts, removes), now owned by the caller."""
-        puts, removes = self.puts, list(self.removes)
-        self.puts, self.removes = {}, set()
-        return puts, removes
-
-    def requeue(self, puts: dict[bytes, dict[str, Any]], removes: list[bytes]) -> None:
-        """Put back a batch whose write failed, under any newer change."""
-        for object_id, info in puts.items():
-            if object_id in self.recorded:
-                self.puts[object_id] = {**info, **self.puts.get(object_id, {})}
-        for object_id in removes:
-            if object_id not in self.recorded:
-                self.removes.add(object_id)
 
 
 @dataclass
@@ -101,8 +61,18 @@ class Client:
     client_id: bytes
     role: str
     job_id: bytes = b""
+    node_id: bytes = b""  # another node's id for owners leasing here over TCP
     worker: WorkerProc | None = None
     waiters: set[int] = field(default_factory=set)
+
+
+@dataclass
+class Spilling:
+    """A lease request the head is placing; ``queued_here`` if it also waits locally."""
+    peer: Peer
+    msg: m.RequestLease
+    queued_here: bool
+    infeasible: bool = False
 
 
 class NodeManager(Service):
@@ -115,18 +85,19 @@ class NodeManager(Service):
         self.node_id = os.getpid().to_bytes(4, "big") + random_id(12)
         self.namespace = self.node_id.hex()[:12]
         self.sched = LocalScheduler(cfg.total_resources(), self._pool_size())
-        self.store = ostore.StoreCore(cfg.object_store_memory)
         self.workers: dict[bytes, WorkerProc] = {}
         self.actor_specs: dict[bytes, m.ActorSpec] = {}
-        self.waiters: dict[int, tuple[Peer, int]] = {}
-        self._waiter_ids = 0
-        self._collect_scheduled = False
+        self.actor_gpus: dict[bytes, tuple[int, ...]] = {}
         self.unix_path = str(self.session.sockets / "nm.sock")
         self.stopped = asyncio.Event()
-        self.objects = ObjectTableBatch(self.node_id)
         self.plane: ControlPlane | None = None
-        self.gone_clients: dict[bytes, None] = {}  # insertion-ordered, bounded
-        self.drivers: set[Peer] = set()
+        self.clients: set[Peer] = set()
+        self.other_nodes: set[bytes] = set()
+        self.spilling: dict[int, Spilling] = {}
+        self._spill_ids = 0
+        self.links = NodeLinks(make_hello(self.token, "node", self.node_id))
+        self.objects = ObjectManager(self.node_id, self.namespace, str(self.session.spill),
+                                     cfg.object_store_memory, self.token, self.links)
         self.launcher = WorkerLauncher({**os.environ, TOKEN_ENV: self.token},
                                        self._worker_gone)
 
@@ -143,37 +114,43 @@ class NodeManager(Service):
         loop = asyncio.get_running_loop()
         self.server = await loop.create_unix_server(protocol_factory(self), self.unix_path)
         os.chmod(self.unix_path, 0o600)
-        hello = make_hello(self.token, "node", self.node_id)
-        self.head, reply = await FramedClient.connect(self.cfg.head_address, hello)
-        self.redis_info = reply.info
+        self.tcp_server = await loop.create_server(protocol_factory(self), self.cfg.node_ip,
+                                                   self.cfg.port)
+        self.address = f"{self.cfg.node_ip}:{self.tcp_server.sockets[0].getsockname()[1]}"
+        self.head, reply = await self._connect_head()
         self.plane = ControlPlane(reply.info["redis_host"], int(reply.info["redis_port"]),
                                   self.token)
-        self.head.send(m.RegisterNode(self.node_id, f"unix:{self.unix_path}", self.unix_path,
+        self.head.send(m.RegisterNode(self.node_id, self.address, self.unix_path,
                                       self.sched.total, str(self.session.root)))
         self._tasks = [asyncio.create_task(self._heartbeat()),
                        asyncio.create_task(self._head_loop())]
         self._run(self.sched.ensure_pool(0))
+        self.objects.start_transfer_server(self.cfg.node_ip, self._transfer_ready)
+
+    async def _connect_head(self) -> tuple[FramedClient, m.HelloReply]:
+        address = self.cfg.head_address
+        hello = make_hello(self.token, "node", self.node_id)
+        try:
+            return await FramedClient.connect(address, hello)
+        except ProtocolError as exc:
+            raise RtmlSystemError(f"the head at {address} refused this node: {exc}") from None
+        except (OSError, TimeoutError) as exc:
+            raise RtmlSystemError(f"cannot reach the head at {address} ({exc or 'timed out'})"
+                                  f"; check the address and that `rtml start --head` runs "
+                                  f"there") from None
+
+    def _transfer_ready(self, address: str) -> None:
+        self.head.send(m.NodeTransferReady(self.node_id, address))
 
     async def _heartbeat(self) -> None:
         while True:
             for worker_id in self.sched.reap_idle(IDLE_WORKER_TICKS):
                 self.workers[worker_id].kill()
+            waiting = [s.msg.shape for s in self.spilling.values() if s.infeasible]
             self.head.send(m.NodeHeartbeat(self.node_id, dict(self.sched.available),
-                                           self.sched.pending_shapes()))
-            await self._flush_objects()
+                                           self.sched.pending_shapes() + waiting))
+            await self.objects.flush(self.plane)
             await asyncio.sleep(HEARTBEAT_INTERVAL)
-
-    async def _flush_objects(self) -> None:
-        """Write this tick's object-table changes: one pipelined call, in a thread."""
-        puts, removes = self.objects.drain()
-        if self.plane is None or (not puts and not removes):
-            return
-        try:
-            await asyncio.get_running_loop().run_in_executor(
-                None, self.plane.write_objects, puts, removes)
-        except Exception as exc:  # RtmlSystemError: Redis is down; retry next tick
-            log.warning("object table update failed (%s); retrying next heartbeat", exc)
-            self.objects.requeue(puts, removes)
 
     async def _head_loop(self) -> None:
         try:
@@ -190,15 +167,28 @@ class NodeManager(Service):
                                              msg.spec.hold_shape))
         elif isinstance(msg, m.KillActorWorker):
             self._kill_actor(msg.actor_id)
+        elif isinstance(msg, m.LeasePlaced):
+            self._lease_placed(msg)
+        elif isinstance(msg, m.NodeTable):
+            self.other_nodes = {n.node_id for n in msg.nodes
+                                if n.alive and n.node_id != self.node_id}
+            self.objects.node_table(msg.nodes)
+        elif isinstance(msg, m.NodeDied):
+            self.other_nodes.discard(msg.node_id)
+            self.objects.node_died(msg.node_id, msg.reason)
+            for peer in self.clients:
+                peer.send(msg)
         elif isinstance(msg, m.Shutdown):
             self.stopped.set()
 
     # -- connections -------------------------------------------------------------------------
 
     def on_hello(self, peer: Peer, hello: m.Hello) -> m.HelloReply:
-        client = Client(hello.client_id, hello.role, hello.job_id)
-        if hello.role == "driver":
-            self.drivers.add(peer)
+        remote = hello.node_id not in (b"", self.node_id)
+        client = Client(hello.client_id, hello.role, hello.job_id,
+                        hello.node_id if remote else b"")
+        if hello.role in ("driver", "worker"):
+            self.clients.add(peer)
         worker = self.workers.get(hello.client_id) if hello.role == "worker" else None
         if worker is not None:
             worker.peer = peer
@@ -213,36 +203,79 @@ class NodeManager(Service):
             log.warning("unexpected %s from a client", type(msg).__name__)
             return
         handler(self, peer, peer.context, msg)
-        self._schedule_collect()
+        self.objects.schedule_collect()
 
     def on_disconnect(self, peer: Peer) -> None:
         client: Client = peer.context
-        self.drivers.discard(peer)
+        self.clients.discard(peer)
         self._run(self.sched.client_gone(peer))
-        for waiter_id in client.waiters:
-            self.waiters.pop(waiter_id, None)
-            self.store.cancel_waiter(waiter_id)
-        self.gone_clients[client.client_id] = None
-        if len(self.gone_clients) > GONE_CLIENTS_KEPT:
-            del self.gone_clients[next(iter(self.gone_clients))]
-        self.store.release_holder(client.client_id)
-        self._schedule_collect()
+        self.spilling = {k: s for k, s in self.spilling.items() if s.peer is not peer}
+        self.objects.client_gone(client.client_id, client.waiters)
         if client.worker is not None:
             self._worker_gone(client.worker, "its connection closed")
 
-    # -- message handlers --------------------------------------------------------------------
+    # -- leases ------------------------------------------------------------------------------
 
     def _request_lease(self, peer: Peer, client: Client, msg: m.RequestLease) -> None:
+        feasible = self.sched.feasible(msg.shape)
+        affinity = parse_affinity(msg.strategy)
+        pinned_here = affinity is not None and affinity[0] == self.node_id
+        if msg.spilled or (pinned_here and feasible):
+            self._queue_lease(peer, msg)
+            return
+        if pinned_here and affinity is not None and not affinity[1]:
+            peer.send(m.LeaseFailed(msg.req_id, (
+                f"NodeAffinitySchedulingStrategy(soft=False) pins it to node "
+                f"{self.node_id.hex()}, which does not have {msg.shape}")))
+            return
+        if not feasible or msg.strategy == SPREAD or (affinity and not pinned_here):
+            self._spill(peer, msg, queued_here=False)
+            return
+        busy = not fits(msg.shape, self.sched.available)
+        self._queue_lease(peer, msg)
+        if busy and self.other_nodes:  # the hybrid step: maybe another node has room now
+            self._spill(peer, msg, queued_here=True)
+
+    def _queue_lease(self, peer: Peer, msg: m.RequestLease) -> None:
         if not self.sched.feasible(msg.shape):
             peer.send(m.LeaseInfeasible(msg.req_id, msg.shape))
         self._run(self.sched.request_lease(peer, msg.req_id, msg.shape))
+
+    def _spill(self, peer: Peer, msg: m.RequestLease, queued_here: bool) -> None:
+        self._spill_ids += 1
+        self.spilling[self._spill_ids] = Spilling(peer, msg, queued_here)
+        self.head.send(m.SpillLease(self._spill_ids, msg.shape, msg.strategy,
+                                    msg.preferred_node, must_move=not queued_here))
+
+    def _lease_placed(self, placed: m.LeasePlaced) -> None:
+        spilling = self.spilling.get(placed.req_id)
+        if spilling is None:
+            return
+        peer, msg = spilling.peer, spilling.msg
+        if placed.infeasible:
+            spilling.infeasible = True
+            peer.send(m.LeaseInfeasible(msg.req_id, msg.shape))
+            return
+        del self.spilling[placed.req_id]
+        if placed.error:
+            if not spilling.queued_here or self.sched.cancel_request(peer, msg.req_id):
+                peer.send(m.LeaseFailed(msg.req_id, placed.error))
+        elif placed.node_id == self.node_id:
+            if not spilling.queued_here:
+                self._queue_lease(peer, msg)
+        elif not spilling.queued_here or self.sched.cancel_request(peer, msg.req_id):
+            peer.send(m.LeaseSpillback(msg.req_id, placed.node_id, placed.address))
 
     def _return_lease(self, peer: Peer, client: Client, msg: m.ReturnLease) -> None:
         self._run(self.sched.return_lease(msg.lease_id))
 
     def _cancel_lease_request(self, peer: Peer, client: Client,
                               msg: m.CancelLeaseRequest) -> None:
-        self._run(self.sched.cancel_request(peer, msg.req_id))
+        self.sched.cancel_request(peer, msg.req_id)
+        self.spilling = {k: s for k, s in self.spilling.items()
+                         if not (s.peer is peer and s.msg.req_id == msg.req_id)}
+
+    # -- workers -----------------------------------------------------------------------------
 
     def _blocked(self, peer: Peer, client: Client, msg: Any) -> None:
         if client.worker is not None:
@@ -255,47 +288,21 @@ class NodeManager(Service):
         worker = client.worker
         if worker is None:
             return
-        worker.address = msg.address
+        worker.address, worker.tcp_address = msg.address, msg.tcp_address
         if worker.actor_id:
-            peer.send(m.BecomeActor(self.actor_specs[worker.actor_id]))
+            gpus = list(self.actor_gpus.get(worker.actor_id, ()))
+            peer.send(m.BecomeActor(self.actor_specs[worker.actor_id], gpus))
         else:
             self._run(self.sched.worker_ready(worker.worker_id))
 
     def _output(self, peer: Peer, client: Client, msg: m.WorkerOutput) -> None:
-        for driver in self.drivers:
-            if not msg.job_id or driver.context.job_id == msg.job_id:
-                driver.send(msg)
+        self.head.send(msg)  # the head forwards it to the job's driver, on whatever node
 
     def _actor_ready(self, peer: Peer, client: Client, msg: m.ActorReady) -> None:
         worker = client.worker
         if worker is not None:
             self.head.send(m.ActorStarted(msg.actor_id, worker.worker_id, worker.address,
-                                          msg.error))
-
-    def _seal(self, peer: Peer, client: Client, msg: m.SealObject) -> None:
-        new = not self.store.contains(msg.object_id)
-        # A result sealed for an owner that already left is held by nobody: freed at once.
-        holder = b"" if msg.holder in self.gone_clients else msg.holder
-        commands = self.store.seal(msg.object_id, msg.size, holder)
-        if new:
-            self.objects.sealed(msg.object_id, msg.size, msg.holder)
-        self._store(commands)
-
-    def _add_holds(self, peer: Peer, client: Client, msg: m.AddHolds) -> None:
-        self._store(self.store.add_holds(msg.object_ids, msg.holder))
-
-    def _release_holds(self, peer: Peer, client: Client, msg: m.ReleaseHolds) -> None:
-        self._store(self.store.release_holds(msg.object_ids, msg.holder))
-
-    def _release_holder(self, peer: Peer, client: Client, msg: m.ReleaseHolder) -> None:
-        self._store(self.store.release_holder(msg.holder))
-
-    def _wait_object(self, peer: Peer, client: Client, msg: m.WaitObject) -> None:
-        self._waiter_ids += 1
-        waiter_id = self._waiter_ids
-        self.waiters[waiter_id] = (peer, msg.req_id)
-        client.waiters.add(waiter_id)
-        self._store(self.store.wait(msg.object_id, waiter_id))
+                                          msg.error, worker.tcp_address, self.node_id))
 
     def _cancel_task(self, peer: Peer, client: Client, msg: m.CancelTask) -> None:
         worker = self.workers.get(msg.worker_id)
@@ -306,8 +313,28 @@ class NodeManager(Service):
         elif worker.peer is not None:
             worker.peer.send(m.CancelRunning(msg.task_id))
 
+    # -- objects -----------------------------------------------------------------------------
+
+    def _seal(self, peer: Peer, client: Client, msg: m.SealObject) -> None:
+        self.objects.seal(msg)
+
+    def _add_holds(self, peer: Peer, client: Client, msg: m.AddHolds) -> None:
+        self.objects.add_holds(msg)
+
+    def _release_holds(self, peer: Peer, client: Client, msg: m.ReleaseHolds) -> None:
+        self.objects.release_holds(msg)
+
+    def _release_holder(self, peer: Peer, client: Client, msg: m.ReleaseHolder) -> None:
+        self.objects.release_holder(msg.holder)
+
+    def _wait_object(self, peer: Peer, client: Client, msg: m.WaitObject) -> None:
+        self.objects.wait(peer, client.waiters, msg)
+
+    def _objects_freed(self, peer: Peer, client: Client, msg: m.ObjectsFreed) -> None:
+        self.objects.objects_freed(msg.object_ids)
+
     def _stats(self, peer: Peer, client: Client, msg: m.StoreStats) -> None:
-        stats = self.store.stats()
+        stats = self.objects.store.stats()
         stats["num_workers"] = sum(1 for w in self.workers.values() if not w.gone)
         peer.send(m.StoreStatsReply(msg.req_id, stats))
 
@@ -318,7 +345,7 @@ class NodeManager(Service):
         m.ActorReady: _actor_ready, m.SealObject: _seal, m.AddHolds: _add_holds,
         m.ReleaseHolds: _release_holds, m.ReleaseHolder: _release_holder,
         m.WaitObject: _wait_object, m.CancelTask: _cancel_task, m.StoreStats: _stats,
-        m.WorkerOutput: _output,
+        m.WorkerOutput: _output, m.ObjectsFreed: _objects_freed,
     }
 
     # -- scheduler commands ------------------------------------------------------------------
@@ -327,11 +354,15 @@ class NodeManager(Service):
         for command in commands:
             if isinstance(command, Grant):
                 worker = self.workers[command.worker_id]
+                remote = command.client.context.node_id
+                address = worker.tcp_address if remote else worker.address
                 command.client.send(m.LeaseGranted(command.req_id, command.lease_id,
-                                                   command.worker_id, worker.address))
+                                                   command.worker_id, address,
+                                                   list(command.gpu_ids)))
             elif isinstance(command, StartWorker):
                 self._spawn(b"")
             elif isinstance(command, StartActor):
+                self.actor_gpus[command.actor_id] = command.gpu_ids
                 self._spawn(command.actor_id)
             elif isinstance(command, StopWorker):
                 self.workers[command.worker_id].kill()
@@ -340,7 +371,7 @@ class NodeManager(Service):
         worker = WorkerProc(random_id(), actor_id)
         self.workers[worker.worker_id] = worker
         config = {"session_dir": str(self.session.root),
-                  "nm_address": f"unix:{self.unix_path}",
+                  "nm_address": f"unix:{self.unix_path}", "node_ip": self.cfg.node_ip,
                   "head_address": self.cfg.head_address, "worker_id": worker.worker_id.hex()}
         log_path = str(self.session.log_file(f"worker-{worker.worker_id.hex()[:12]}-out"))
         self.launcher.spawn(worker, config, log_path)
@@ -352,10 +383,10 @@ class NodeManager(Service):
         worker.gone = True
         self.workers.pop(worker.worker_id, None)
         log.info("worker %s gone: %s", worker.worker_id.hex()[:12], reason)
-        self.store.release_holder(worker.worker_id)
-        self._schedule_collect()
+        self.objects.release_holder(worker.worker_id)
         if worker.actor_id:
             self.actor_specs.pop(worker.actor_id, None)
+            self.actor_gpus.pop(worker.actor_id, None)
             self._run(self.sched.actor_gone(worker.actor_id))
             self.head.send(m.ActorWorkerDied(worker.actor_id, reason))
             return
@@ -373,91 +404,17 @@ class NodeManager(Service):
             self._run(self.sched.actor_gone(actor_id))
             self.head.send(m.ActorWorkerDied(actor_id, "killed before it started"))
 
-    # -- object store commands ---------------------------------------------------------------
-
-    def _schedule_collect(self) -> None:
-        if not self._collect_scheduled:
-            self._collect_scheduled = True
-            asyncio.get_running_loop().call_soon(self._collect)
-
-    def _collect(self) -> None:
-        self._collect_scheduled = False
-        self._store(self.store.collect())
-
-    def _store(self, commands: list[Any]) -> None:
-        for command in commands:
-            if isinstance(command, ostore.NotifyReady):
-                self._notify(command.waiter_ids, "")
-            elif isinstance(command, ostore.NotifyLost):
-                self._notify(command.waiter_ids, command.reason)
-            elif isinstance(command, ostore.Spill):
-                self._spill(command.object_id)
-            elif isinstance(command, ostore.Restore):
-                self._restore(command.object_id)
-            elif isinstance(command, ostore.Delete):
-                self._delete(command.object_id, command.spilled)
-
-    def _notify(self, waiter_ids: tuple[int, ...], error: str) -> None:
-        for waiter_id in waiter_ids:
-            entry = self.waiters.pop(waiter_id, None)
-            if entry is not None:
-                peer, req_id = entry
-                peer.send(m.ObjectAvailable(req_id, b"", error))
-
-    def _segment(self, object_id: bytes) -> str:
-        return ostore.segment_path(self.namespace, object_id)
-
-    def _spill_file(self, object_id: bytes) -> str:
-        return ostore.spill_path(str(self.session.spill), object_id)
-
-    def _spill(self, object_id: bytes) -> None:
-        try:
-            ostore.copy_file(self._segment(object_id), self._spill_file(object_id))
-            os.unlink(self._segment(object_id))
-        except OSError as exc:
-            log.error("spilling %s failed: %s", object_id.hex(), exc)
-            self._store(self.store.lost(object_id, f"spill failed: {exc}"))
-            return
-        self.objects.state_changed(object_id, "SPILLED")
-
-    def _restore(self, object_id: bytes) -> None:
-        try:
-            ostore.copy_file(self._spill_file(object_id), self._segment(object_id))
-            os.unlink(self._spill_file(object_id))
-        except OSError as exc:
-            log.error("restoring %s failed: %s", object_id.hex(), exc)
-            self._store(self.store.lost(object_id, f"restore failed: {exc}"))
-            return
-        self.objects.state_changed(object_id, "SEALED")
-        self._store(self.store.restored(object_id))
-
-    def _delete(self, object_id: bytes, spilled: bool) -> None:
-        self.objects.deleted(object_id)
-        for path in (self._segment(object_id), self._spill_file(object_id)):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-
     # -- shutdown ----------------------------------------------------------------------------
 
     async def shutdown(self) -> None:
         self.stopped.set()
         await self.launcher.stop(list(self.workers.values()))
-        for path in Path("/dev/shm").glob(f"rtml-{self.namespace}-*"):
-            path.unlink(missing_ok=True)
+        self.links.close()
+        self.objects.shutdown(self.plane)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.unix_path)
-        self._forget_objects()
-
-    def _forget_objects(self) -> None:
-        """Best effort: drop this node's objects from the control plane; they died with it."""
-        if self.plane is None:
-            return
-        gone = list(self.objects.recorded | self.objects.removes)
-        try:
-            self.plane.write_objects({}, gone)
-        except Exception as exc:  # Redis may already be stopped with the cluster
-            log.info("could not remove %d object record(s) at shutdown: %s", len(gone), exc)
-        self.plane.close()
+        if self.plane is not None:
+            self.plane.close()
 
 
 ORPHAN_MIN_AGE = 60.0
@@ -506,11 +463,16 @@ def main(argv: list[str]) -> int:
     setup_logging(str(Session(Path(cfg.session_dir)).log_file("node_manager")))
     try:
         asyncio.run(serve(cfg, ready_fd))
+    except RtmlSystemError as exc:
+        log.error("node manager failed: %s", exc)
+        print(f"rtml node manager: {exc}", file=sys.stderr)
+        with contextlib.suppress(OSError):
+            report_ready(ready_fd, f"error {exc}")
+        return 1
     except Exception:
         log.exception("node manager failed")
-        if ready_fd >= 0:
-            with contextlib.suppress(OSError):
-                report_ready(ready_fd, "error see node_manager.log")
+        with contextlib.suppress(OSError):
+            report_ready(ready_fd, "error see node_manager.log")
         return 1
     return 0
 

@@ -33,7 +33,8 @@ class WorkerProc:
     actor_id: bytes = b""
     pid: int = 0
     peer: Any = None
-    address: str = ""
+    address: str = ""  # unix socket (owners on this node)
+    tcp_address: str = ""  # owners on other nodes
     gone: bool = False
 
     def kill(self) -> None:

@@ -130,7 +130,7 @@ def test_infeasible_request_stays_pending() -> None:
     assert shape in s.pending_shapes()
     s.worker_ready(W2)
     assert [r.req_id for r in s.pending] == [1]
-    assert s.cancel_request(OWNER, 1) == []
+    assert s.cancel_request(OWNER, 1) is True
     assert not s.pending
 
 

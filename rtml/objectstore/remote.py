@@ -1,0 +1,77 @@
+"""Holds of this node's processes on objects whose primary copy lives on another node.
+
+Sans-I/O. The node manager stands in for its local holders at the primary
+node: the primary counts one hold per node, this core counts the local holders
+behind it, and says when the node-level hold must be added or dropped::
+
+    client AddHolds(ids, holder, node=A) --> add() --> {A: ids newly held here}
+                                                         --> AddHolds(ids, holder=this node) to A
+    client ReleaseHolds / ReleaseHolder  --> release() / release_holder()
+                                         --> {A: ids no longer held here}
+                                                         --> ReleaseHolds(ids, holder=this node) to A
+    node A died --> node_died(A) --> ids forgotten (their primary copy is gone)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class RemoteHolds:
+    """Local holders of remote-primary objects, grouped by the objects' primary node."""
+
+    def __init__(self) -> None:
+        self._primary: dict[bytes, bytes] = {}  # object id -> primary node
+        self._holders: dict[bytes, set[bytes]] = {}  # object id -> local holders
+        self._held_by: dict[bytes, set[bytes]] = {}  # holder -> object ids
+
+    def primary_of(self, object_id: bytes) -> bytes | None:
+        return self._primary.get(object_id)
+
+    def add(self, object_ids: Iterable[bytes], holder: bytes,
+            node_id: bytes) -> dict[bytes, list[bytes]]:
+        """``holder`` holds each object (primary on ``node_id``); returns the first holds."""
+        first: list[bytes] = []
+        for object_id in object_ids:
+            holders = self._holders.get(object_id)
+            if holders is None:
+                holders = self._holders[object_id] = set()
+                self._primary[object_id] = node_id
+                first.append(object_id)
+            holders.add(holder)
+            self._held_by.setdefault(holder, set()).add(object_id)
+        return {node_id: first} if first else {}
+
+    def release(self, object_ids: Iterable[bytes], holder: bytes) -> dict[bytes, list[bytes]]:
+        """``holder`` drops each object; returns, per primary node, those no longer held."""
+        last: dict[bytes, list[bytes]] = {}
+        held = self._held_by.get(holder, set())
+        for object_id in object_ids:
+            holders = self._holders.get(object_id)
+            if holders is None or holder not in holders:
+                continue
+            holders.discard(holder)
+            held.discard(object_id)
+            if not holders:
+                del self._holders[object_id]
+                last.setdefault(self._primary.pop(object_id), []).append(object_id)
+        if not held:
+            self._held_by.pop(holder, None)
+        return last
+
+    def release_holder(self, holder: bytes) -> dict[bytes, list[bytes]]:
+        """Drop every hold of ``holder`` (a client that left, a freed container)."""
+        return self.release(list(self._held_by.get(holder, ())), holder)
+
+    def node_died(self, node_id: bytes) -> list[bytes]:
+        """Forget the objects whose primary was on ``node_id``; returns their ids."""
+        gone = [oid for oid, primary in self._primary.items() if primary == node_id]
+        for object_id in gone:
+            del self._primary[object_id]
+            for holder in self._holders.pop(object_id, ()):
+                held = self._held_by.get(holder)
+                if held is not None:
+                    held.discard(object_id)
+                    if not held:
+                        del self._held_by[holder]
+        return gone
