@@ -47,8 +47,13 @@ def init(address: str | None = None, *, num_cpus: float | None = None,
          num_gpus: float | None = None, resources: dict[str, float] | None = None,
          object_store_memory: int | None = None, namespace: str | None = None,
          log_to_driver: bool = True, token: str | None = None,
-         ignore_reinit_error: bool = False, _prestart_workers: int = -1) -> InitContext:
-    """Connect to a cluster, starting an embedded one when no address is given."""
+         ignore_reinit_error: bool = False, _prestart_workers: int = -1,
+         _node_id: str = "") -> InitContext:
+    """Connect to a cluster, starting an embedded one when no address is given.
+
+    ``_node_id`` (for tests of several nodes on one machine): attach this driver to
+    that node instead of the one recorded in this machine's session directory.
+    """
     global _context, _embedded
     with _init_lock:
         if context.get_runtime() is not None:
@@ -68,7 +73,7 @@ def init(address: str | None = None, *, num_cpus: float | None = None,
             _embedded = cluster.start_head_node(session, token, node, die_with_parent=True)
             head_address, nm_address = _embedded.head_address, _embedded.nm_address
         else:
-            session, head_address, nm_address, token = _join_info(address, token)
+            session, head_address, nm_address, token = _join_info(address, token, _node_id)
         rt = _connect(session, head_address, nm_address, token, namespace or "",
                       log_to_driver)
         context.set_runtime(rt)
@@ -77,23 +82,28 @@ def init(address: str | None = None, *, num_cpus: float | None = None,
         return _context
 
 
-def _join_info(address: str, token: str | None) -> tuple[Session, str, str, str]:
-    """Find this machine's node for ``address`` ("auto" or "host:port")."""
+def _join_info(address: str, token: str | None,
+               node_id: str = "") -> tuple[Session, str, str, str]:
+    """Find this machine's node for ``address`` ("auto" or "host:port").
+
+    The node recorded in the session directory if it belongs to that cluster;
+    otherwise the head is asked for a node that runs on this machine.
+    """
     session = Session(Path(default_session_dir()))
     record = session.read_record()
-    if record is None:
+    if address == "auto" and record is None:
         raise ConnectionError(
             f"no rtml node runs on this machine (no {session.record_file}); start one with "
             f"`rtml start --head` or `rtml start --address HOST:PORT`")
-    head_address = record["head_address"] if address == "auto" else address
-    if address != "auto" and record["head_address"] != address:
-        raise ConnectionError(f"the node in {session.root} belongs to "
-                              f"{record['head_address']}, not {address}; set "
-                              f"RTML_SESSION_DIR to the session of a node of {address}")
-    token = token or os.environ.get("RTML_TOKEN") or session.read_token()
+    head_address = record["head_address"] if address == "auto" and record else address
+    ours = record is not None and record["head_address"] == head_address
+    token = token or os.environ.get("RTML_TOKEN") or (session.read_token() if ours else None)
     if not token:
         raise ConnectionError("no cluster token: pass token=... or set RTML_TOKEN")
-    return session, head_address, record["nm_address"], token
+    if ours and record is not None and (not node_id or record.get("node_id") == node_id):
+        return session, head_address, record["nm_address"], token
+    nm_address, session_dir = cluster.find_local_node(head_address, token, node_id)
+    return Session(Path(session_dir)), head_address, nm_address, token
 
 
 def _connect(session: Session, head_address: str, nm_address: str, token: str,

@@ -15,10 +15,15 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from rtml.config import TOKEN_ENV, HeadConfig, NodeConfig
 from rtml.control_plane import RedisProcess, start_redis
-from rtml.exceptions import RtmlSystemError
+from rtml.exceptions import ProtocolError, RtmlSystemError
+from rtml.ids import random_id
+from rtml.rpc import messages as m
+from rtml.rpc.framing import FrameDecoder, frame
+from rtml.rpc.reactor import connect_socket, handshake, make_hello
 from rtml.session import Session
 
 START_TIMEOUT = 30.0
@@ -69,8 +74,13 @@ class Launched:
 
 
 def launch_daemon(module: str, config_json: str, session: Session, name: str,
-                  die_with_parent: bool, token: str, pass_fds: tuple[int, ...] = ()) -> Launched:
-    """Start ``python -m module``; :func:`await_ready` then waits for its readiness line."""
+                  die_with_parent: bool, token: str, pass_fds: tuple[int, ...] = (),
+                  own_group: bool = False) -> Launched:
+    """Start ``python -m module``; :func:`await_ready` then waits for its readiness line.
+
+    A daemon that does not die with its parent gets its own session (and process
+    group); ``own_group`` gives one to a child that does, too.
+    """
     read_fd, write_fd = os.pipe()
     env = dict(os.environ, RTML_DIE_WITH_PARENT="1" if die_with_parent else "0")
     env[TOKEN_ENV] = token
@@ -78,7 +88,7 @@ def launch_daemon(module: str, config_json: str, session: Session, name: str,
         proc = subprocess.Popen([sys.executable, "-m", module, config_json, str(write_fd)],
                                 pass_fds=(write_fd, *pass_fds), stdin=subprocess.DEVNULL,
                                 stdout=out, stderr=out, env=env,
-                                start_new_session=not die_with_parent)
+                                start_new_session=own_group or not die_with_parent)
     os.close(write_fd)
     return Launched(proc, read_fd, name)
 
@@ -112,27 +122,30 @@ def _read_line(fd: int, timeout: float) -> str:
 
 
 def start_head_node(session: Session, token: str, node: NodeConfig, *, port: int = 0,
-                    host: str = "127.0.0.1", die_with_parent: bool) -> StartedNode:
-    """Start Redis, the head service and a node manager.
+                    die_with_parent: bool, own_group: bool = False) -> StartedNode:
+    """Start Redis, the head service and a node manager, all on ``node.node_ip``.
 
     The head's listening socket is bound here and handed to it, so its address is
     known at once and the node manager starts alongside it (its connection waits
-    in the listen backlog until the head accepts).
+    in the listen backlog until the head accepts). Redis listens on the node's
+    address too (other nodes write to it), always behind the cluster password.
     """
     session.create()
     session.write_token(token)
+    host = node.node_ip
     listener = _bind(host, port)
-    redis = start_redis(port=0, password=token, data_dir=str(session.redis),
+    redis = start_redis(port=0, password=token, data_dir=str(session.redis), bind=host,
                         die_with_parent=die_with_parent)
     started = StartedNode(session, f"{host}:{listener.getsockname()[1]}", "", "", redis)
     try:
         head_cfg = HeadConfig(str(session.root), token, redis.host, redis.port, host,
                               listener.getsockname()[1], listen_fd=listener.fileno())
         head = launch_daemon("rtml.scheduler.head", head_cfg.to_json(), session, "head",
-                             die_with_parent, token, pass_fds=(listener.fileno(),))
+                             die_with_parent, token, pass_fds=(listener.fileno(),),
+                             own_group=own_group)
         started.procs.append(head.proc)
         listener.close()
-        node_manager = _launch_node_manager(started, node, die_with_parent)
+        node_manager = _launch_node_manager(started, node, die_with_parent, own_group)
         await_ready(head, session)
         _node_ready(started, node_manager)
     except BaseException:
@@ -151,24 +164,85 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def join_node(session: Session, token: str, node: NodeConfig, head_address: str, *,
-              die_with_parent: bool) -> StartedNode:
+              die_with_parent: bool, own_group: bool = False) -> StartedNode:
     """Start a node manager that joins the head at ``head_address``."""
     session.create()
     session.write_token(token)
     started = StartedNode(session, head_address, "", "")
-    _node_ready(started, _launch_node_manager(started, node, die_with_parent))
+    _node_ready(started, _launch_node_manager(started, node, die_with_parent, own_group))
     return started
 
 
-def _launch_node_manager(started: StartedNode, node: NodeConfig,
-                         die_with_parent: bool) -> Launched:
+def _launch_node_manager(started: StartedNode, node: NodeConfig, die_with_parent: bool,
+                         own_group: bool) -> Launched:
     cfg = NodeConfig(**{**node.__dict__, "head_address": started.head_address,
                         "session_dir": str(started.session.root)})
     launched = launch_daemon("rtml.scheduler.node_manager", cfg.to_json(), started.session,
-                             "node_manager", die_with_parent, node.token)
+                             "node_manager", die_with_parent, node.token,
+                             own_group=own_group)
     started.procs.append(launched.proc)
     return launched
 
 
 def _node_ready(started: StartedNode, launched: Launched) -> None:
     started.node_id, started.nm_address = await_ready(launched, started.session).split(" ", 1)
+
+
+def find_local_node(head_address: str, token: str, node_id: str = "") -> tuple[str, str]:
+    """(node manager address, session dir) of an alive node of the cluster at
+    ``head_address`` that runs on this machine (``node_id``: that one).
+
+    Raises ConnectionError saying what to do when there is none.
+    """
+    nodes = cluster_nodes(head_address, token)
+    for node in nodes:
+        host = str(node["NodeManagerAddress"]).rpartition(":")[0]
+        if node["Alive"] and (node["NodeID"] == node_id if node_id else is_local_ip(host)):
+            return str(node["NodeManagerAddress"]), str(node.get("SessionDir", ""))
+    which = f"node {node_id}" if node_id else "a node on this machine"
+    raise ConnectionError(f"the cluster at {head_address} has no alive {which}; start one "
+                          f"here with `rtml start --address {head_address}`")
+
+
+def cluster_nodes(head_address: str, token: str, timeout: float = 10.0) -> list[dict[str, Any]]:
+    """The head's node table. Raises ConnectionError naming the address."""
+    try:
+        sock = connect_socket(head_address, timeout)
+    except OSError as exc:
+        raise ConnectionError(f"cannot reach the head at {head_address}: {exc}") from None
+    try:
+        handshake(sock, make_hello(token, "cli", random_id()))
+        sock.sendall(frame(m.encode(m.GetClusterInfo(1))))
+        decoder = FrameDecoder()
+        while True:
+            data = sock.recv(1 << 16)
+            if not data:
+                raise ConnectionError(f"the head at {head_address} closed the connection")
+            for payload in decoder.feed(data):
+                reply = m.decode(payload)
+                if isinstance(reply, m.ClusterInfo):
+                    return [dict(node) for node in reply.nodes]
+    except (OSError, ProtocolError) as exc:
+        raise ConnectionError(f"the head at {head_address} refused us: {exc}") from None
+    finally:
+        sock.close()
+
+
+def is_local_ip(host: str) -> bool:
+    """Whether ``host`` is an address of this machine (it can be bound here)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+        return True
+    except OSError:
+        return False
+
+
+def detect_node_ip() -> str:
+    """This machine's address on its default route (no packet is sent), or 127.0.0.1."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.connect(("10.254.254.254", 1))
+            return str(sock.getsockname()[0])
+        except OSError:
+            return "127.0.0.1"

@@ -116,6 +116,9 @@ def _add_start(sub: Any) -> None:
     where.add_argument("--address", help="HOST:PORT of the head to join")
     start.add_argument("--token", default=None, help="cluster token (default: $RTML_TOKEN)")
     start.add_argument("--port", type=int, default=6380, help="head service port (--head)")
+    start.add_argument("--node-ip-address", default=None, metavar="IP",
+                       help="address this node listens on and others reach it at "
+                            "(default: this machine's address on its default route)")
     start.add_argument("--num-cpus", type=float, default=None)
     start.add_argument("--num-gpus", type=float, default=None)
     start.add_argument("--resources", default=None, help='JSON, e.g. \'{"accel": 2}\'')
@@ -155,15 +158,18 @@ def _node_config(args: argparse.Namespace, session: Session, token: str) -> Node
             raise CliError(f"--{flag.replace('_', '-')} must be >= 0, got {value}")
     num_cpus = float(os.cpu_count() or 1) if args.num_cpus is None else args.num_cpus
     store = args.object_store_memory or default_object_store_memory()
+    node_ip = args.node_ip_address or cluster.detect_node_ip()
+    if not cluster.is_local_ip(node_ip):
+        raise CliError(f"--node-ip-address {node_ip} is not an address of this machine")
     return NodeConfig(str(session.root), token, "", num_cpus, args.num_gpus or 0.0,
-                      resources, store)
+                      resources, store, node_ip=node_ip)
 
 
 def _start_head(args: argparse.Namespace, session: Session) -> int:
     token = args.token or os.environ.get("RTML_TOKEN") or new_token()
     node = _node_config(args, session, token)
-    _check_port_free("127.0.0.1", args.port)
-    started = cluster.start_head_node(session, token, node, port=args.port, host="127.0.0.1",
+    _check_port_free(node.node_ip, args.port)
+    started = cluster.start_head_node(session, token, node, port=args.port,
                                       die_with_parent=False)
     assert started.redis is not None
     _write_record(started, "head", started.redis.host, started.redis.port)

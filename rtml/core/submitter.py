@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+SPREAD = "SPREAD"
 PIPELINE_DEPTH = 16
 SHORT_TASK_SECONDS = 0.002
 MAX_LEASE_REQUESTS = 8
@@ -102,7 +103,7 @@ class TaskSubmitter:
         self._pump(key, queue)
 
     def _pump(self, key: tuple[Any, ...], queue: ShapeQueue) -> None:
-        short = queue.avg_seconds < SHORT_TASK_SECONDS and queue.strategy != "SPREAD"
+        short = queue.avg_seconds < SHORT_TASK_SECONDS and queue.strategy != SPREAD
         depth = PIPELINE_DEPTH if short else 1
         tasks = queue.tasks
         while tasks:
@@ -242,9 +243,14 @@ class TaskSubmitter:
             if retry:
                 record.spec.attempt += 1
                 queue.tasks.appendleft(record)
+            spread = queue.strategy == SPREAD
+            if spread:  # one task per lease, so that each is placed on its own
+                queue.workers.remove(worker)
             self._pump(worker.key, queue)
-            if not worker.inflight and not queue.tasks:
+            if not spread and not worker.inflight and not queue.tasks:
                 self._arm_idle(worker)
+        if spread:
+            self._retire(worker)
         if not retry:
             rt.complete_task(record, msg)
 
@@ -266,6 +272,10 @@ class TaskSubmitter:
                 return
             queue = self.queues[worker.key]
             queue.workers.remove(worker)
+        self._retire(worker)
+
+    def _retire(self, worker: LeasedWorker) -> None:
+        """Hand the lease back and disconnect (the worker is idle)."""
         worker.nm.send(m.ReturnLease(worker.lease_id))
         worker.conn.on_close = None
         worker.conn.close("lease returned")

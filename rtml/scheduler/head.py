@@ -49,6 +49,7 @@ DRIVER_EXITED = "the driver exited"
 class NodeState:
     view: pl.NodeView
     peer: Peer
+    session_dir: str
     transfer_address: str = ""
 
     @property
@@ -132,7 +133,7 @@ class HeadService(Service):
     def _register_node(self, peer: Peer, msg: m.RegisterNode) -> None:
         view = pl.NodeView(msg.node_id, msg.address, msg.resources, dict(msg.resources),
                            last_heartbeat=time.monotonic())
-        self.nodes[msg.node_id] = NodeState(view, peer, msg.transfer_address)
+        self.nodes[msg.node_id] = NodeState(view, peer, msg.session_dir, msg.transfer_address)
         self.plane.put_node(msg.node_id, {"address": msg.address, "resources": msg.resources,
                                           "session_dir": msg.session_dir, "alive": True,
                                           "start_ts": time.time()})
@@ -193,8 +194,13 @@ class HeadService(Service):
         decision = self.sched.place(request)
         if isinstance(decision, pl.Pending):
             peer.send(m.LeasePlaced(msg.req_id, b"", "", infeasible=True))
-        else:
+        elif not isinstance(decision, pl.Parked):
             self._decided([decision])
+
+    def _spill_withdrawn(self, peer: Peer, msg: m.CancelLeaseRequest) -> None:
+        origin = self._node_of(peer)
+        if origin is not None:
+            self.sched.withdraw(origin, msg.req_id)
 
     def _decided(self, decisions: list[pl.Decision]) -> None:
         for decision in decisions:
@@ -234,7 +240,8 @@ class HeadService(Service):
         nodes: list[dict[str, object]] = [
             {"NodeID": n.view.node_id.hex(), "Alive": n.alive,
              "NodeManagerAddress": n.view.address, "Resources": n.view.total,
-             "Available": n.view.available} for n in self.nodes.values()]
+             "Available": n.view.available, "SessionDir": n.session_dir}
+            for n in self.nodes.values()]
         peer.send(m.ClusterInfo(msg.req_id, nodes))
 
     # -- actors ------------------------------------------------------------------------------
@@ -394,6 +401,7 @@ class HeadService(Service):
         m.ActorWorkerDied: _actor_died, m.KillActor: _kill_actor,
         m.GetActorInfo: _get_actor, m.NodeTransferReady: _transfer_ready,
         m.SpillLease: _spill_lease, m.WorkerOutput: _output,
+        m.CancelLeaseRequest: _spill_withdrawn,
     }
 
 

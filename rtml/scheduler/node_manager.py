@@ -52,6 +52,7 @@ from rtml.session import Session
 
 log = logging.getLogger(__name__)
 
+REGISTER_TIMEOUT = 30.0
 IDLE_WORKER_TICKS = 10
 """Heartbeat ticks (0.5 s each) a worker beyond the pool size may idle before it is stopped."""
 
@@ -90,10 +91,12 @@ class NodeManager(Service):
         self.actor_gpus: dict[bytes, tuple[int, ...]] = {}
         self.unix_path = str(self.session.sockets / "nm.sock")
         self.stopped = asyncio.Event()
+        self.registered = asyncio.Event()  # the head answered our registration
         self.plane: ControlPlane | None = None
         self.clients: set[Peer] = set()
         self.other_nodes: set[bytes] = set()
-        self.spilling: dict[int, Spilling] = {}
+        self.spilling: dict[int, Spilling] = {}  # by spill id (our req_id at the head)
+        self.spill_of: dict[tuple[Peer, int], int] = {}  # (client, its req_id) -> spill id
         self._spill_ids = 0
         self.links = NodeLinks(make_hello(self.token, "node", self.node_id))
         self.objects = ObjectManager(self.node_id, self.namespace, str(self.session.spill),
@@ -126,6 +129,11 @@ class NodeManager(Service):
                        asyncio.create_task(self._head_loop())]
         self._run(self.sched.ensure_pool(0))
         self.objects.start_transfer_server(self.cfg.node_ip, self._transfer_ready)
+        try:  # so that rtml.nodes() lists this node once we report ready
+            await asyncio.wait_for(self.registered.wait(), REGISTER_TIMEOUT)
+        except TimeoutError:
+            raise RtmlSystemError(f"the head at {self.cfg.head_address} did not answer this "
+                                  f"node's registration within {REGISTER_TIMEOUT:g} s") from None
 
     async def _connect_head(self) -> tuple[FramedClient, m.HelloReply]:
         address = self.cfg.head_address
@@ -173,6 +181,7 @@ class NodeManager(Service):
             self.other_nodes = {n.node_id for n in msg.nodes
                                 if n.alive and n.node_id != self.node_id}
             self.objects.node_table(msg.nodes)
+            self.registered.set()
         elif isinstance(msg, m.NodeDied):
             self.other_nodes.discard(msg.node_id)
             self.objects.node_died(msg.node_id, msg.reason)
@@ -209,7 +218,9 @@ class NodeManager(Service):
         client: Client = peer.context
         self.clients.discard(peer)
         self._run(self.sched.client_gone(peer))
-        self.spilling = {k: s for k, s in self.spilling.items() if s.peer is not peer}
+        for spilling in list(self.spilling.values()):
+            if spilling.peer is peer:
+                self._withdraw_spill(peer, spilling.msg.req_id)
         self.objects.client_gone(client.client_id, client.waiters)
         if client.worker is not None:
             self._worker_gone(client.worker, "its connection closed")
@@ -244,6 +255,7 @@ class NodeManager(Service):
     def _spill(self, peer: Peer, msg: m.RequestLease, queued_here: bool) -> None:
         self._spill_ids += 1
         self.spilling[self._spill_ids] = Spilling(peer, msg, queued_here)
+        self.spill_of[(peer, msg.req_id)] = self._spill_ids
         self.head.send(m.SpillLease(self._spill_ids, msg.shape, msg.strategy,
                                     msg.preferred_node, must_move=not queued_here))
 
@@ -257,6 +269,7 @@ class NodeManager(Service):
             peer.send(m.LeaseInfeasible(msg.req_id, msg.shape))
             return
         del self.spilling[placed.req_id]
+        self.spill_of.pop((peer, msg.req_id), None)
         if placed.error:
             if not spilling.queued_here or self.sched.cancel_request(peer, msg.req_id):
                 peer.send(m.LeaseFailed(msg.req_id, placed.error))
@@ -272,8 +285,14 @@ class NodeManager(Service):
     def _cancel_lease_request(self, peer: Peer, client: Client,
                               msg: m.CancelLeaseRequest) -> None:
         self.sched.cancel_request(peer, msg.req_id)
-        self.spilling = {k: s for k, s in self.spilling.items()
-                         if not (s.peer is peer and s.msg.req_id == msg.req_id)}
+        self._withdraw_spill(peer, msg.req_id)
+
+    def _withdraw_spill(self, peer: Peer, req_id: int) -> None:
+        """The request was granted here, or given up: the head may stop placing it."""
+        spill_id = self.spill_of.pop((peer, req_id), None)
+        if spill_id is not None:
+            del self.spilling[spill_id]
+            self.head.send(m.CancelLeaseRequest(spill_id))
 
     # -- workers -----------------------------------------------------------------------------
 
@@ -359,6 +378,8 @@ class NodeManager(Service):
                 command.client.send(m.LeaseGranted(command.req_id, command.lease_id,
                                                    command.worker_id, address,
                                                    list(command.gpu_ids)))
+                if self.spill_of:
+                    self._withdraw_spill(command.client, command.req_id)
             elif isinstance(command, StartWorker):
                 self._spawn(b"")
             elif isinstance(command, StartActor):

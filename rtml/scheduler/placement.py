@@ -4,8 +4,11 @@ Sans-I/O. The head service feeds it the node view (registrations, heartbeats,
 deaths) and asks it to place requests::
 
     node manager --SpillLease--> place(request) --> Placed(node)   the origin asks that node
+                                               |-> Parked          all busy: it waits at the
+                                               |                   origin (no answer), and
                                                \\-> Pending         no node fits: kept, and
     node joins / heartbeat shows room --> retry_pending() --> Placed ...  placed when one does
+    the origin granted it itself --> withdraw(origin, req_id)
 
 Policy (DESIGN.md, the hybrid scheduler): a node-affinity request goes to its
 node (or, if soft and that node cannot take it, falls through to the default);
@@ -63,7 +66,12 @@ class Pending:
     request: Request
 
 
-Decision = Placed | Failed | Pending
+@dataclass(frozen=True)
+class Parked:
+    request: Request
+
+
+Decision = Placed | Failed | Pending | Parked
 
 
 def parse_affinity(strategy: str) -> tuple[bytes, bool] | None:
@@ -77,7 +85,7 @@ def parse_affinity(strategy: str) -> tuple[bytes, bool] | None:
 @dataclass
 class GlobalScheduler:
     nodes: dict[bytes, NodeView] = field(default_factory=dict)
-    pending: list[Request] = field(default_factory=list)
+    pending: list[Request] = field(default_factory=list)  # infeasible or parked
     _spread_next: int = 0
 
     # -- node view ---------------------------------------------------------------------------
@@ -100,6 +108,11 @@ class GlobalScheduler:
             node.alive = False
         self.pending = [r for r in self.pending if r.origin != node_id]
 
+    def withdraw(self, origin: bytes, req_id: int) -> None:
+        """The origin no longer needs a place for this request (it granted it itself)."""
+        self.pending = [r for r in self.pending
+                        if not (r.origin == origin and r.req_id == req_id)]
+
     def expired(self, now: float, timeout: float) -> list[bytes]:
         """Alive nodes whose last heartbeat is older than ``timeout`` seconds."""
         return [n.node_id for n in self.nodes.values()
@@ -112,7 +125,7 @@ class GlobalScheduler:
 
     def place(self, request: Request) -> Decision:
         decision = self._decide(request)
-        if isinstance(decision, Pending):
+        if isinstance(decision, Pending | Parked):
             self.pending.append(request)
         elif isinstance(decision, Placed):
             subtract(self.nodes[decision.node_id].available, request.shape)
@@ -121,7 +134,7 @@ class GlobalScheduler:
     def retry_pending(self) -> list[Decision]:
         waiting, self.pending = self.pending, []
         decisions = [self.place(request) for request in waiting]
-        return [d for d in decisions if not isinstance(d, Pending)]
+        return [d for d in decisions if not isinstance(d, Pending | Parked)]
 
     def pick_for_actor(self, shape: Shape, spread: bool = False) -> NodeView | None:
         """A node for an actor of ``shape``: the roomiest that fits (round-robin if ``spread``)."""
@@ -158,16 +171,17 @@ class GlobalScheduler:
             candidates = roomy or fitting
             self._spread_next += 1
             return self._to(request, candidates[self._spread_next % len(candidates)])
+        # The origin asked because it has no room now (or cannot run it at all); our view
+        # of it may be a heartbeat old, so it does not count as roomy.
+        origin = self.nodes.get(request.origin)
+        roomy = [n for n in roomy if n is not origin]
         preferred = self.nodes.get(request.preferred)
         if preferred is not None and preferred in roomy:
             return self._to(request, preferred)
-        origin = self.nodes.get(request.origin)
         if roomy:
-            if origin in roomy and not request.must_move:
-                return self._to(request, origin)
             return self._to(request, max(roomy, key=lambda n: n.available.get("CPU", 0.0)))
         if origin in fitting and not request.must_move:
-            return self._to(request, origin)  # everyone is busy: wait at home
+            return Parked(request)  # everyone is busy: wait at home until a node frees up
         return self._to(request, fitting[0])
 
     def _to(self, request: Request, node: NodeView) -> Placed:

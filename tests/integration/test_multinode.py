@@ -1,0 +1,229 @@
+"""Several nodes on this machine (rtml.testing.Cluster): placement, spillback, objects
+that move between nodes, remote actors, late joiners.
+
+Each node is its own process group with its own ports, session directory and
+shared-memory namespace; objects cross between them only over the network.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+import rtml
+from rtml.exceptions import RtmlSystemError, TaskError
+from rtml.testing import Cluster, ClusterNode
+
+HUNDRED_MB = 100 * 1024 * 1024
+
+
+@rtml.remote
+def node_of() -> str:
+    return rtml.get_runtime_context().get_node_id()
+
+
+@rtml.remote
+def sleepy_node(seconds: float) -> str:
+    time.sleep(seconds)
+    return rtml.get_runtime_context().get_node_id()
+
+
+@rtml.remote
+def visible_gpus(seconds: float = 0.0) -> str:
+    time.sleep(seconds)
+    return os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>")
+
+
+@rtml.remote
+def big_array(n_bytes: int) -> np.ndarray:
+    return np.arange(n_bytes // 8, dtype=np.int64)
+
+
+@rtml.remote
+def checksum(array: np.ndarray) -> tuple[int, int, str]:
+    return int(array.sum()), int(array.nbytes), rtml.get_runtime_context().get_node_id()
+
+
+@rtml.remote
+class Counter:
+    def __init__(self) -> None:
+        self.count = 0
+
+    def add(self, n: int) -> int:
+        self.count += n
+        return self.count
+
+    def node(self) -> str:
+        return rtml.get_runtime_context().get_node_id()
+
+
+def pinned(node: ClusterNode, soft: bool = False) -> rtml.NodeAffinitySchedulingStrategy:
+    return rtml.NodeAffinitySchedulingStrategy(node.node_id, soft=soft)
+
+
+@pytest.fixture(scope="module")
+def three_nodes() -> Iterator[tuple[Cluster, ClusterNode, ClusterNode, ClusterNode]]:
+    """Head: 1 CPU. node2: 2 CPUs, 2 (fake) GPUs, {"foo": 1}. node3: 1 CPU, {"bar": 2}."""
+    if rtml.is_initialized():
+        rtml.shutdown()
+    cluster = Cluster(head_node_args={"num_cpus": 1})
+    node2 = cluster.add_node(num_cpus=2, num_gpus=2, resources={"foo": 1})
+    node3 = cluster.add_node(num_cpus=1, resources={"bar": 2})
+    cluster.connect()
+    assert cluster.head_node is not None
+    yield cluster, cluster.head_node, node2, node3
+    cluster.shutdown()
+
+
+def test_nodes_lists_every_node_with_its_resources(three_nodes) -> None:
+    cluster, head, node2, node3 = three_nodes
+    nodes = {n["NodeID"]: n for n in rtml.nodes()}
+    assert set(nodes) == {head.node_id, node2.node_id, node3.node_id}
+    assert all(n["Alive"] for n in nodes.values())
+    assert nodes[node2.node_id]["Resources"]["GPU"] == 2.0
+    assert nodes[node2.node_id]["Resources"]["foo"] == 1.0
+    assert nodes[node3.node_id]["Resources"]["bar"] == 2.0
+    assert nodes[head.node_id]["Resources"]["CPU"] == 1.0
+    total = rtml.cluster_resources()
+    assert total["CPU"] == 4.0 and total["GPU"] == 2.0 and total["foo"] == 1.0
+    assert rtml.get_runtime_context().get_node_id() == head.node_id
+
+
+def test_custom_resources_place_tasks_on_the_nodes_that_have_them(three_nodes) -> None:
+    _, head, node2, node3 = three_nodes
+    assert rtml.get(node_of.options(resources={"foo": 1}).remote()) == node2.node_id
+    on_bar = rtml.get([node_of.options(resources={"bar": 1}).remote() for _ in range(4)])
+    assert set(on_bar) == {node3.node_id}
+    assert rtml.get(node_of.options(num_cpus=0).remote()) in {head.node_id, node2.node_id,
+                                                               node3.node_id}
+
+
+def test_gpu_tasks_see_their_own_gpu_ids(three_nodes) -> None:
+    _, _, node2, _ = three_nodes
+    both = rtml.get(visible_gpus.options(num_gpus=2).remote())
+    assert both == "0,1"
+    # Two one-GPU tasks at once get different GPUs.
+    seen = rtml.get([visible_gpus.options(num_gpus=1).remote(0.5) for _ in range(2)])
+    assert sorted(seen) == ["0", "1"]
+    assert rtml.get(visible_gpus.options(num_gpus=0).remote()) == "<unset>"
+
+
+def test_node_affinity_pins_and_fails_clearly(three_nodes) -> None:
+    _, head, node2, node3 = three_nodes
+    for node in (head, node2, node3):
+        assert rtml.get(node_of.options(scheduling_strategy=pinned(node)).remote()) \
+            == node.node_id
+    ghost = rtml.NodeAffinitySchedulingStrategy("ab" * 16, soft=False)
+    with pytest.raises(RtmlSystemError, match="not in the cluster"):
+        rtml.get(node_of.options(scheduling_strategy=ghost).remote(), timeout=30)
+    soft = rtml.NodeAffinitySchedulingStrategy("ab" * 16, soft=True)
+    assert rtml.get(node_of.options(scheduling_strategy=soft).remote(), timeout=30)
+    # Pinned to a node without the resource: hard fails, soft runs where it fits.
+    no_foo = node_of.options(resources={"foo": 1}, scheduling_strategy=pinned(node3))
+    with pytest.raises(RtmlSystemError, match="does not have"):
+        rtml.get(no_foo.remote(), timeout=30)
+    soft_foo = node_of.options(resources={"foo": 1}, scheduling_strategy=pinned(node3, True))
+    assert rtml.get(soft_foo.remote(), timeout=30) == node2.node_id
+
+
+def test_spread_uses_every_node(three_nodes) -> None:
+    _, head, node2, node3 = three_nodes
+    refs = [sleepy_node.options(scheduling_strategy="SPREAD").remote(0.5) for _ in range(4)]
+    assert set(rtml.get(refs)) == {head.node_id, node2.node_id, node3.node_id}
+
+
+def test_spillback_when_the_local_node_is_full(three_nodes) -> None:
+    _, head, node2, node3 = three_nodes
+    started = time.monotonic()
+    where = rtml.get([sleepy_node.remote(1.0) for _ in range(4)])
+    elapsed = time.monotonic() - started
+    # The head has one CPU: three of the four tasks had to go elsewhere.
+    assert len(set(where)) >= 2 and where.count(head.node_id) <= 2, where
+    assert elapsed < 3.5, f"4 one-second tasks on 4 CPUs took {elapsed:.1f} s"
+
+
+def test_a_100mb_object_made_on_one_node_is_read_on_another(three_nodes) -> None:
+    _, head, node2, node3 = three_nodes
+    ref = big_array.options(scheduling_strategy=pinned(node2)).remote(HUNDRED_MB)
+    array = rtml.get(ref, timeout=60)  # the driver is on the head: pulled over gRPC
+    expected = np.arange(HUNDRED_MB // 8, dtype=np.int64)
+    assert array.nbytes == HUNDRED_MB and np.array_equal(array, expected)
+    total, nbytes, where = rtml.get(
+        checksum.options(scheduling_strategy=pinned(node3)).remote(ref), timeout=60)
+    assert (total, nbytes, where) == (int(expected.sum()), HUNDRED_MB, node3.node_id)
+    del array, ref
+
+
+def test_a_put_on_the_driver_is_read_by_a_task_on_another_node(three_nodes) -> None:
+    _, head, node2, _ = three_nodes
+    data = np.random.default_rng(7).integers(0, 1 << 30, size=2_000_000, dtype=np.int64)
+    ref = rtml.put(data)
+    total, nbytes, where = rtml.get(
+        checksum.options(scheduling_strategy=pinned(node2)).remote(ref), timeout=60)
+    assert (total, nbytes, where) == (int(data.sum()), data.nbytes, node2.node_id)
+
+
+def test_nested_refs_carry_their_location(three_nodes) -> None:
+    _, head, node2, node3 = three_nodes
+    inner = big_array.options(scheduling_strategy=pinned(node2)).remote(8 << 20)
+    rtml.wait([inner])
+
+    @rtml.remote
+    def sum_nested(holder: list) -> int:
+        return int(rtml.get(holder[0]).sum())
+
+    got = rtml.get(sum_nested.options(scheduling_strategy=pinned(node3)).remote([inner]),
+                   timeout=60)
+    assert got == int(np.arange((8 << 20) // 8, dtype=np.int64).sum())
+
+
+def test_remote_actor_called_from_two_drivers(three_nodes) -> None:
+    cluster, _, node2, node3 = three_nodes
+    counter = Counter.options(name="shared", resources={"foo": 1}).remote()
+    assert rtml.get(counter.node.remote()) == node2.node_id
+    assert rtml.get(counter.add.remote(1)) == 1
+    script = (
+        "import rtml\n"
+        f"rtml.init(address={cluster.address!r}, token={cluster.token!r}, "
+        f"_node_id={node3.node_id!r})\n"
+        "assert rtml.get_runtime_context().get_node_id() == " + repr(node3.node_id) + "\n"
+        "c = rtml.get_actor('shared')\n"
+        "print(rtml.get([c.add.remote(10) for _ in range(3)])[-1])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60, cwd=os.path.dirname(__file__))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "31"
+    assert rtml.get(counter.add.remote(1)) == 32
+    rtml.kill(counter)
+
+
+def test_task_errors_from_another_node_name_the_node(three_nodes) -> None:
+    _, _, node2, _ = three_nodes
+
+    @rtml.remote
+    def fail() -> None:
+        raise ValueError("bad input on a remote node")
+
+    with pytest.raises(ValueError, match="bad input") as info:
+        rtml.get(fail.options(scheduling_strategy=pinned(node2)).remote())
+    assert isinstance(info.value, TaskError)
+    assert f"node={node2.node_id[:12]}" in str(info.value)
+
+
+def test_a_late_node_picks_up_pending_work(three_nodes) -> None:
+    cluster = three_nodes[0]
+    ref = node_of.options(resources={"late": 1}).remote()
+    ready, _ = rtml.wait([ref], timeout=1.0)
+    assert ready == []
+    late = cluster.add_node(num_cpus=1, resources={"late": 1})
+    try:
+        assert rtml.get(ref, timeout=30) == late.node_id
+    finally:
+        cluster.remove_node(late)
