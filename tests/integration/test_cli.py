@@ -110,6 +110,19 @@ print(rtml.get(add_one.remote(41)))
 rtml.shutdown()
 """
 
+ACCEL_DRIVER = """
+import rtml
+rtml.init(address="auto")
+
+@rtml.remote(resources={"accel": 1})
+def where(x):
+    return rtml.get_runtime_context().get_node_id(), x + 1
+
+node, value = rtml.get(where.remote(2))
+print(node, value)
+rtml.shutdown()
+"""
+
 PENDING_DRIVER = """
 import sys
 import rtml
@@ -204,9 +217,18 @@ def test_join_a_second_node_then_stop_only_it(head: Head) -> None:
         status = rtml("status", "--session-dir", str(node_dir), cwd=head.cwd)
         assert "2 alive node(s)" in status.stdout, status.stderr
         assert "CPU 0/3" in status.stdout and "accel 0/2" in status.stdout
+        driver = head.driver(ACCEL_DRIVER)  # on the head; its task needs the other node
+        out, err = driver.communicate(timeout=CLI_TIMEOUT)
+        assert driver.returncode == 0, err
+        assert out.split() == [record["node_id"], "3"]
     finally:
         _stop(node_dir, head.cwd)
-    assert "1 alive node(s)" in head.cli("status").stdout
+    status = head.cli("status").stdout
+    assert "1 alive node(s), 1 dead" in status, status
+    driver = head.driver(DRIVER)  # the head node still serves
+    out, err = driver.communicate(timeout=CLI_TIMEOUT)
+    assert driver.returncode == 0, err
+    assert out.strip() == "42"
 
 
 def test_join_with_wrong_token_fails_naming_the_token(head: Head) -> None:
