@@ -42,10 +42,12 @@ GET_BIG = "single client get 100MB numpy"
 COPY_BIG = "numpy.copy 100MB (reference)"
 TASK_BIG_ARG = "single client task 100MB arg by ref"
 REMOTE_NODE = "remote task (second node) sync"
+TRANSFER = "object transfer 100MB between nodes"
 
 ROW_NAMES = [INIT_FRESH, TASKS_SYNC, TASKS_ASYNC, ACTOR_SYNC, ACTOR_ASYNC, PUT_GET_SMALL,
-             PUT_CALLS, GET_CALLS, PUT_GB, GET_BIG, COPY_BIG, TASK_BIG_ARG, REMOTE_NODE]
-NA_ROWS = {REMOTE_NODE}
+             PUT_CALLS, GET_CALLS, PUT_GB, GET_BIG, COPY_BIG, TASK_BIG_ARG, REMOTE_NODE,
+             TRANSFER]
+NA_ROWS = {REMOTE_NODE, TRANSFER}
 
 # Budgets from shared/DESIGN.md ("Budgets on this machine").
 #   latency budgets: max median in µs; throughput budgets: min rate.
@@ -55,7 +57,7 @@ LATENCY_BUDGET_US = {
     ACTOR_SYNC: 100.0,
     INIT_FRESH: 1_000_000.0,
 }
-RATE_BUDGET = {TASKS_ASYNC: 20_000.0}
+RATE_BUDGET = {TASKS_ASYNC: 20_000.0, TRANSFER: 1.0}
 # Zero copies on get: a get must be at least this many times faster than a
 # numpy.copy of the same array.
 ZERO_COPY_FACTOR = 50.0
@@ -207,6 +209,57 @@ def bench_fresh_init(address: str | None, runs: int) -> dict[str, Any]:
                        note=f"{mode}; median of {runs} subprocess runs")
 
 
+def na_row(name: str, kind: str, unit: str) -> dict[str, Any]:
+    return {"name": name, "kind": kind, "unit": unit, "samples": 0, "median_us": None,
+            "p90_us": None, "p99_us": None, "rate": None, "na": True,
+            "note": "n/a with --address: measured on a two-node rtml.testing.Cluster"}
+
+
+def bench_two_nodes(quick: bool) -> list[dict[str, Any]]:
+    """Remote task round trip and 100 MB transfer on a two-node Cluster on this machine."""
+    import numpy as np
+
+    import rtml
+    from rtml.testing import Cluster
+
+    cluster = Cluster(head_node_args={"num_cpus": 1})
+    node2 = cluster.add_node(num_cpus=1)
+    cluster.connect()
+    try:
+        pinned = rtml.NodeAffinitySchedulingStrategy(node2.node_id, soft=False)
+
+        @rtml.remote
+        def noop() -> None:
+            return None
+
+        @rtml.remote
+        def make(n: int) -> Any:
+            return np.ones(n, dtype=np.uint8)
+
+        remote_noop = noop.options(scheduling_strategy=pinned)
+        n_sync = 300 if quick else 2000
+        s = time_each(lambda: rtml.get(remote_noop.remote()), n_sync, warmup=200)
+        rows = [latency_row(REMOTE_NODE, s, note="no-op pinned to a second node manager "
+                                                  "(TCP), one at a time")]
+        gets = []
+        for _ in range(3 if quick else 7):
+            ref = make.options(scheduling_strategy=pinned).remote(BIG_BYTES)
+            rtml.wait([ref])
+            t0 = now_ns()
+            value = rtml.get(ref)
+            gets.append(now_ns() - t0)
+            assert value.nbytes == BIG_BYTES
+            del value, ref
+        gets.sort()
+        median_s = gets[len(gets) // 2] / 1e9
+        rows.append(rate_row(TRANSFER, BIG_BYTES / 1e9 / median_s, "GB/s",
+                             note=f"get on the head of 100 MB made on node 2 (gRPC pull), "
+                                  f"median of {len(gets)} ({median_s * 1e3:.0f} ms each)"))
+        return rows
+    finally:
+        cluster.shutdown()
+
+
 def run(address: str | None, quick: bool) -> list[dict[str, Any]]:
     import numpy as np
 
@@ -330,9 +383,10 @@ def run(address: str | None, quick: bool) -> list[dict[str, Any]]:
     finally:
         rtml.shutdown()
 
-    rows.append({"name": REMOTE_NODE, "kind": "latency", "unit": "us", "samples": 0,
-                 "median_us": None, "p90_us": None, "p99_us": None, "rate": None, "na": True,
-                 "note": "n/a: multi-node arrives with issue #4"})
+    if address is None:
+        rows += bench_two_nodes(quick)
+    else:
+        rows += [na_row(REMOTE_NODE, "latency", "us"), na_row(TRANSFER, "rate", "GB/s")]
 
     for r in rows:
         apply_budget(r)

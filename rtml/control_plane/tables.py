@@ -392,6 +392,14 @@ class ControlPlane:
         self._client.pipeline(commands)
 
     @_redis_errors
+    def object_locations(self, object_ids: list[bytes]) -> dict[bytes, list[bytes]]:
+        """The nodes holding a copy of each object that has a record (one round trip)."""
+        records = self._hashes(self.keys.object, [oid.hex() for oid in object_ids])
+        return {bytes.fromhex(hex_id): [bytes.fromhex(k[len(LOCATION_PREFIX):])
+                                        for k in record if k.startswith(LOCATION_PREFIX)]
+                for hex_id, record in records}
+
+    @_redis_errors
     def list_objects(self, limit: int = 10000) -> list[dict[str, Any]]:
         """Up to ``limit`` object records, in no particular order."""
         hex_ids: list[str] = []

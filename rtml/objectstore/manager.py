@@ -127,6 +127,7 @@ class ObjectManager:
         self.transfer_addresses: dict[bytes, str] = {}
         self.dead_nodes: set[bytes] = set()
         self.pulls: dict[bytes, bytes] = {}  # object id -> node pulled from
+        self.unlocated: set[bytes] = set()  # awaited here, location unknown: ask the table
         self.awaiting_address: dict[bytes, set[bytes]] = {}  # node -> objects to pull
         self.copies: dict[bytes, set[bytes]] = {}  # our object -> nodes holding a copy
         self.copy_of: dict[bytes, bytes] = {}  # our copy -> its primary node
@@ -182,6 +183,8 @@ class ObjectManager:
             primary = msg.node_id or self.remote.primary_of(msg.object_id) or b""
             if primary and primary != self.node_id:
                 self._pull(msg.object_id, primary)
+            elif not primary:
+                self.unlocated.add(msg.object_id)
 
     def client_gone(self, client_id: bytes, waiters: set[int]) -> None:
         for waiter_id in waiters:
@@ -367,6 +370,29 @@ class ObjectManager:
             self.links.send(node_id, m.ObjectsFreed([object_id]))
 
     # -- control plane and shutdown ------------------------------------------------------------
+
+    async def locate_unknown(self, plane: ControlPlane | None) -> None:
+        """Objects awaited here whose location nobody told us: look them up in the table.
+
+        The rare path (a ref that lost its location hint, e.g. an actor's constructor
+        argument still being computed when the actor was created); called each heartbeat.
+        """
+        waiting = [oid for oid in self.unlocated
+                   if not self.store.contains(oid) and self.store.state(oid) is None
+                   and oid not in self.pulls and self.store.waiting_on(oid)]
+        self.unlocated = set(waiting)
+        if plane is None or not waiting:
+            return
+        try:
+            found = await self.loop.run_in_executor(None, plane.object_locations, waiting)
+        except Exception as exc:  # RtmlSystemError: Redis is down; next tick
+            log.warning("object location lookup failed: %s", exc)
+            return
+        for object_id, nodes in found.items():
+            others = [n for n in nodes if n != self.node_id and n not in self.dead_nodes]
+            if others and not self.store.contains(object_id):
+                self.unlocated.discard(object_id)
+                self._pull(object_id, others[0])
 
     async def flush(self, plane: ControlPlane | None) -> None:
         """Write this tick's object-table changes: one pipelined call, in a thread."""

@@ -136,6 +136,11 @@ class StoreCore:
         entry = self._entries.get(object_id)
         return entry.state if entry is not None else None
 
+    def waiting_on(self, object_id: bytes) -> bool:
+        """Whether someone waits for the object to appear here."""
+        entry = self._entries.get(object_id)
+        return entry is not None and bool(entry.waiters)
+
     def stats(self) -> dict[str, int]:
         """Counters for metrics and tests."""
         sealed = [e for e in self._entries.values() if e.state is not None]

@@ -158,6 +158,7 @@ class NodeManager(Service):
             self.head.send(m.NodeHeartbeat(self.node_id, dict(self.sched.available),
                                            self.sched.pending_shapes() + waiting))
             await self.objects.flush(self.plane)
+            await self.objects.locate_unknown(self.plane)
             await asyncio.sleep(HEARTBEAT_INTERVAL)
 
     async def _head_loop(self) -> None:

@@ -227,3 +227,26 @@ def test_a_late_node_picks_up_pending_work(three_nodes) -> None:
         assert rtml.get(ref, timeout=30) == late.node_id
     finally:
         cluster.remove_node(late)
+
+
+@rtml.remote
+def slow_array(seconds: float, n_bytes: int) -> np.ndarray:
+    time.sleep(seconds)
+    return np.ones(n_bytes, dtype=np.uint8)
+
+
+@rtml.remote
+class Holder:
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+    def size(self) -> tuple[int, str]:
+        return int(self.array.sum()), rtml.get_runtime_context().get_node_id()
+
+
+def test_an_actor_created_with_a_pending_argument_from_another_node(three_nodes) -> None:
+    _, _, node2, node3 = three_nodes
+    ref = slow_array.options(scheduling_strategy=pinned(node2)).remote(0.5, 1 << 20)
+    holder = Holder.options(num_cpus=0, scheduling_strategy=pinned(node3)).remote(ref)
+    assert rtml.get(holder.size.remote(), timeout=30) == (1 << 20, node3.node_id)
+    rtml.kill(holder)

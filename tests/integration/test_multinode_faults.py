@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_multinode import Counter, big_array, node_of, pinned, sleepy_node
 
 import rtml
 from rtml import cluster as cluster_mod
@@ -19,7 +20,6 @@ from rtml.rpc import messages as m
 from rtml.rpc.reactor import connect_socket, handshake, make_hello
 from rtml.session import Session, fresh_session_dir
 from rtml.testing import Cluster, ClusterNode
-from test_multinode import Counter, big_array, node_of, pinned, sleepy_node
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from test_cli import CLI_TIMEOUT, _env, _stop
 
 HEAD_IP, NODE_IP = "10.231.7.1", "10.231.7.2"
