@@ -1,0 +1,161 @@
+"""What every launcher shares: the program's controller, outcomes, restarts, stop and wait.
+
+    node outcome (controller) --> finished: when every node has, the program is done
+                              \\-> failed:  restarts left for its group? restart the node
+                                           else: remember the first error, stop the program
+    stop() --> controller.request_stop() (nodes see lp.wait_for_stop / stop handlers)
+           --> after `grace_period` s: kill what still runs; the program is done
+    wait() --> blocks until done; re-raises the first error
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import traceback
+from typing import Any
+
+from rtml.launchpad import context as ctx
+from rtml.launchpad.controller import Controller
+from rtml.launchpad.nodes import Node
+from rtml.launchpad.program import Program
+
+log = logging.getLogger(__name__)
+
+DEFAULT_GRACE_PERIOD = 5.0
+
+
+def node_failure(node: Node, error: BaseException) -> BaseException:
+    """``error`` with a note naming the node (kept picklable for the trip to the launcher)."""
+    text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    error.add_note(f"{node.description} failed:\n{text}")
+    return error
+
+
+class ProgramHandle:
+    """A launched program: ``wait()`` for it to end, ``stop()`` it."""
+
+    def __init__(self, program: Program, launch_type: str,
+                 max_restarts: dict[str, int] | None, grace_period: float) -> None:
+        self.program = program
+        self.launch_type = launch_type
+        self.grace_period = grace_period
+        self.token = secrets.token_hex(16)
+        self.nodes = {node.uid: node for node in program.get_all_nodes()}
+        descriptions = {n.uid: n.description for node in self.nodes.values()
+                        for n in node.served_nodes()}
+        self.controller = Controller(program.name, descriptions, self._on_outcome)
+        self._restarts = {uid: (max_restarts or {}).get(node.label, 0)
+                          for uid, node in self.nodes.items()}
+        self._running = set(self.nodes)
+        self._lock = threading.Lock()
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self._killer: threading.Timer | None = None
+        self.controller.add_stop_listener(self._on_stop)
+        ctx.launched(self)
+
+    # -- what a launch type provides ---------------------------------------------------------
+
+    def start_node(self, node: Node) -> None:
+        raise NotImplementedError
+
+    def kill_all(self) -> None:
+        """Force every node that still runs to end (after the grace period)."""
+        raise NotImplementedError
+
+    # -- shared behaviour -------------------------------------------------------------------
+
+    def start(self) -> ProgramHandle:
+        if not self.nodes:
+            self.done.set()
+        for node in self.nodes.values():
+            self.start_node(node)
+        return self
+
+    def _on_outcome(self, uid: str, error: BaseException | None) -> None:
+        node = self.nodes.get(uid)
+        if node is None:
+            return  # a node inside a colocation: its colocation reports for it
+        restart = False
+        with self._lock:
+            if uid not in self._running:
+                return
+            if error is not None and not self.controller.stopped.is_set() \
+                    and self._restarts[uid] != 0:
+                self._restarts[uid] -= 1
+                restart = True
+            else:
+                self._running.discard(uid)
+                if error is not None and self.error is None:
+                    self.error = error
+        if restart:
+            log.warning("%s failed; restarting it (%s restart(s) left): %s", node.description,
+                        "unlimited" if self._restarts[uid] < 0 else self._restarts[uid], error)
+            self.restart_node(node)
+        elif error is not None:
+            self.stop()
+        if not self._running:
+            self._finish()
+
+    def restart_node(self, node: Node) -> None:
+        self.start_node(node)
+
+    def crashed(self, node: Node, why: str) -> None:
+        """A node ended without reporting (its process died)."""
+        self._on_outcome(node.uid, RuntimeError(f"{node.description} {why}"))
+
+    def running(self, node: Node) -> bool:
+        with self._lock:
+            return node.uid in self._running
+
+    def stop(self) -> None:
+        """Ask every node to stop; kill what still runs after the grace period."""
+        self.controller.request_stop()
+
+    def _on_stop(self) -> None:
+        with self._lock:
+            if self._killer is not None or self.done.is_set():
+                return
+            self._killer = threading.Timer(self.grace_period, self._kill)
+            self._killer.daemon = True
+            self._killer.start()
+
+    def _kill(self) -> None:
+        if self.done.is_set():
+            return
+        with self._lock:
+            late = [self.nodes[uid].description for uid in self._running]
+        if late:
+            log.warning("killing %d node(s) still running %.1f s after stop: %s", len(late),
+                        self.grace_period, ", ".join(late))
+        self.kill_all()
+        self._finish()
+
+    def _finish(self) -> None:
+        if self.done.is_set():
+            return
+        self.done.set()
+        if self._killer is not None:
+            self._killer.cancel()
+        self.controller.request_stop()  # idle servers of a finished program go too
+        self.cleanup()
+
+    def cleanup(self) -> None:
+        """Release what the launch type holds once the program is done."""
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the program ends; re-raise the first node error. False on timeout."""
+        if not self.done.wait(timeout):
+            return False
+        if self.error is not None:
+            raise self.error
+        return True
+
+    def __enter__(self) -> ProgramHandle:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+        self.done.wait(self.grace_period + 5)

@@ -1,0 +1,46 @@
+"""``local_mt`` and ``test_mt``: every node a thread of this process.
+
+Node definitions still go through pickling (each node runs a copy made with
+cloudpickle), and calls between nodes still go through courier sockets, so a
+program behaves as it will under ``local_mp`` and ``rtml``. ``test_mt`` is for
+unit tests: the first node to fail stops the program at once (no grace period,
+no restarts) and ``wait()`` raises its error.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import cloudpickle
+
+from rtml.launchpad import context as ctx
+from rtml.launchpad.launch.program_handle import ProgramHandle
+from rtml.launchpad.launch.runner import run_node
+from rtml.launchpad.nodes import Node
+from rtml.launchpad.program import Program
+
+
+class ThreadsHandle(ProgramHandle):
+    def __init__(self, program: Program, launch_type: str, max_restarts: dict[str, int] | None,
+                 grace_period: float) -> None:
+        if launch_type == "test_mt":
+            max_restarts, grace_period = None, 0.0
+        super().__init__(program, launch_type, max_restarts, grace_period)
+        self.threads: dict[str, threading.Thread] = {}
+
+    def start_node(self, node: Node) -> None:
+        copy: Node = cloudpickle.loads(cloudpickle.dumps(node))
+        context = ctx.NodeContext(node.uid, node.description, self.controller, "127.0.0.1",
+                                  self.token)
+        thread = threading.Thread(target=run_node, args=(copy, context), daemon=True,
+                                  name=f"lp-{node.label}-{node.index}")
+        self.threads[node.uid] = thread
+        thread.start()
+
+    def kill_all(self) -> None:
+        """Threads cannot be killed: raise SystemExit in each at its next bytecode."""
+        for thread in self.threads.values():
+            if thread.is_alive() and thread.ident is not None:
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident),
+                                                           ctypes.py_object(SystemExit))

@@ -1,0 +1,241 @@
+"""The nodes of a program: what each runs, and the handles other nodes reach it by.
+
+    PyNode(fn, *args)              runs fn(*args) once; finished when it returns
+    PyClassNode(ctor, *args)       builds ctor(*args), calls its run() if it has one
+    CourierNode(ctor, *args)       builds ctor(*args), serves its public methods on a
+                                   thread pool, runs its run() in its own thread if it
+                                   has one (finished when run() returns), else serves
+                                   until the program stops
+    MultiThreadingColocation([n])  runs several nodes as threads of one process
+
+Constructor arguments may hold handles anywhere inside lists, tuples and dicts;
+they are dereferenced (into courier clients) inside the node, just before its
+constructor runs. A handle is a name, not a connection, so it can be made
+before its node runs, and nodes may hold each other's handles (a cycle is
+written with ``node.configure(...)`` after both handles exist).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from rtml.launchpad import context as ctx
+from rtml.launchpad.courier import CourierClient, CourierServer
+
+if TYPE_CHECKING:
+    from rtml.launchpad.program import Program
+
+
+class NodeConstructionError(RuntimeError):
+    """A node's constructor (or function) raised; names the node and its label."""
+
+
+class Handle:
+    """A name for a node, usable in other nodes' constructor arguments."""
+
+    def __init__(self, node: Node) -> None:
+        self.uid = node.uid
+        self._node: Node | None = node
+        self._description = ""  # kept when the handle travels without its node
+
+    @property
+    def description(self) -> str:
+        return self._node.description if self._node is not None else self._description
+
+    def dereference(self) -> Any:
+        """A client of the node. Raises RuntimeError outside a launched program."""
+        context = ctx.current()
+        if context is None:
+            raise RuntimeError(f"the handle of {self.description} was dereferenced outside "
+                               f"a launched program; pass it to another node's constructor "
+                               f"and use it there")
+        return self._client(context)
+
+    def _client(self, context: ctx.NodeContext) -> Any:
+        raise RuntimeError(f"{self.description} serves no methods (only a CourierNode "
+                           f"does); its handle cannot be called")
+
+    def __reduce__(self) -> Any:
+        return (_rebuild_handle, (type(self), self.uid, self.description))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.description})"
+
+
+class CourierHandle(Handle):
+    def _client(self, context: ctx.NodeContext) -> Any:
+        return CourierClient(self.uid, self.description, context.controller,
+                             context.token)
+
+
+def _rebuild_handle(cls: type[Handle], uid: str, description: str) -> Handle:
+    handle = cls.__new__(cls)
+    handle.uid, handle._node, handle._description = uid, None, description
+    return handle
+
+
+def dereference(value: Any) -> Any:
+    """``value`` with every handle inside lists, tuples and dicts replaced by its client."""
+    if isinstance(value, Handle):
+        return value.dereference()
+    if isinstance(value, list):
+        return [dereference(v) for v in value]
+    if isinstance(value, tuple):
+        items = [dereference(v) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+    if isinstance(value, dict):
+        return {k: dereference(v) for k, v in value.items()}
+    return value
+
+
+class Node:
+    """Base of every node type."""
+
+    handle_type: type[Handle] = Handle
+
+    def __init__(self, target: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        self.target = target
+        self.args, self.kwargs = args, kwargs
+        self.uid = uuid.uuid4().hex[:12]
+        self.label = ""
+        self.index: int | str = 0
+        self.program: Program | None = None
+
+    @property
+    def description(self) -> str:
+        name = getattr(self.target, "__qualname__", type(self.target).__name__)
+        where = f"'{self.label}/{self.index}'" if self.label else "(not in a program yet)"
+        return f"{type(self).__name__}({name}) {where}"
+
+    def create_handle(self) -> Handle:
+        return self.handle_type(self)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "program": None}  # a node travels without its program
+
+    def configure(self, *args: Any, **kwargs: Any) -> None:
+        """Set the constructor's arguments after the node's handle exists (for cycles)."""
+        self.args, self.kwargs = args, kwargs
+
+    def served_nodes(self) -> list[Node]:
+        """This node and any it runs inside it (colocation)."""
+        return [self]
+
+    def execute(self, context: ctx.NodeContext) -> None:
+        """Run the node to completion in the calling thread (with ``context`` bound)."""
+        raise NotImplementedError
+
+    def _construct(self) -> Any:
+        args, kwargs = dereference(self.args), dereference(self.kwargs)
+        try:
+            return self.target(*args, **kwargs)
+        except Exception as exc:
+            exc.add_note(f"in the constructor of {self.description}")
+            raise
+
+
+class PyNode(Node):
+    """Runs a function once."""
+
+    def execute(self, context: ctx.NodeContext) -> None:
+        self._construct()
+
+
+class PyClassNode(Node):
+    """Builds an object and calls its ``run()``."""
+
+    def execute(self, context: ctx.NodeContext) -> None:
+        instance = self._construct()
+        run = getattr(instance, "run", None)
+        if callable(run):
+            run()
+
+
+class CourierNode(Node):
+    """Builds an object and serves its public methods; runs its ``run()`` if it has one."""
+
+    handle_type = CourierHandle
+
+    def execute(self, context: ctx.NodeContext) -> None:
+        instance = self._construct()
+        server = CourierServer(instance, self.description, context.host, context.token,
+                               wrap=lambda f: ctx.run_in_context(context, f))
+        context.controller.register(self.uid, server.address)
+        try:
+            run = getattr(instance, "run", None)
+            if callable(run):
+                _run_in_thread(context, run, f"lp-run-{self.label}")
+            else:
+                context.stop_event.wait()
+        finally:
+            context.controller.unregister(self.uid)
+            server.close()
+
+
+def _run_in_thread(context: ctx.NodeContext, fn: Callable[[], Any], name: str) -> None:
+    """Run ``fn`` in its own thread (bound to ``context``); re-raise what it raised."""
+    errors: list[BaseException] = []
+
+    def body() -> None:
+        try:
+            fn()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=ctx.run_in_context(context, body), name=name,
+                              daemon=True)
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+
+
+class MultiThreadingColocation(Node):
+    """Runs several nodes as threads of one process; each keeps its own handle."""
+
+    def __init__(self, nodes: list[Node]) -> None:
+        super().__init__(_colocated)
+        self.nodes = list(nodes)
+
+    @property
+    def description(self) -> str:
+        where = f"'{self.label}/{self.index}'" if self.label else "(not in a program yet)"
+        return f"MultiThreadingColocation({len(self.nodes)} nodes) {where}"
+
+    def create_handle(self) -> Handle:
+        raise ValueError(f"{self.description} has no handle of its own; use the handles "
+                         f"of the nodes inside it")
+
+    def served_nodes(self) -> list[Node]:
+        return [self, *self.nodes]
+
+    def execute(self, context: ctx.NodeContext) -> None:
+        """Run every node in its own thread; end when all have, or raise the first error."""
+        changed = threading.Condition()
+        errors: list[BaseException] = []
+        running = [len(self.nodes)]
+        for node in self.nodes:
+            inner = context.for_node(node)
+
+            def body(node: Node = node, inner: ctx.NodeContext = inner) -> None:
+                try:
+                    node.execute(inner)
+                except BaseException as exc:
+                    errors.append(exc)
+                with changed:
+                    running[0] -= 1
+                    changed.notify_all()
+
+            threading.Thread(target=ctx.run_in_context(inner, body), daemon=True,
+                             name=f"lp-{node.label}").start()
+        with changed:
+            changed.wait_for(lambda: errors or not running[0])
+        if errors:
+            raise errors[0]
+
+
+def _colocated() -> None:
+    """Placeholder target of a colocation (its nodes do the work)."""
