@@ -262,7 +262,7 @@ def cancel(ref: ObjectRef, *, force: bool = False, recursive: bool = True) -> No
     """Cancel the task producing ``ref``; ``get`` then raises TaskCancelledError."""
     if not isinstance(ref, ObjectRef):
         raise TypeError(f"cancel() takes an ObjectRef, got {type(ref).__name__}")
-    context.require_runtime().cancel(ref, force)
+    context.require_runtime().owner.cancel(ref, force)
 
 
 def kill(actor: ActorHandle, *, no_restart: bool = True) -> None:
@@ -273,7 +273,7 @@ def kill(actor: ActorHandle, *, no_restart: bool = True) -> None:
     rt.head.send(m.KillActor(actor._actor_id, no_restart))
     if no_restart:
         with rt.lock:
-            rt.caller(actor._actor_id, actor._max_task_retries).dead_error = (
+            rt.owner.caller(actor._actor_id, actor._max_task_retries).dead_error = (
                 "it was killed with rtml.kill()")
 
 

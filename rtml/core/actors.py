@@ -78,12 +78,12 @@ class ActorClass(Exported):
                              spec.max_task_retries)
         for _, ref in built.pending:
             # The actor's worker reads these from shared memory, waiting until they exist.
-            rt.escaped(ref)
+            rt.refs.escaped(ref)
         existing = _send_create(rt, spec, options)
         if existing is not None:
             return ActorHandle(existing.actor_id, self.__name__, handle._methods,
                                existing.spec.max_task_retries if existing.spec else 0)
-        rt.caller(spec.actor_id, spec.max_task_retries).keep_alive = built.keep_alive
+        rt.owner.caller(spec.actor_id, spec.max_task_retries).keep_alive = built.keep_alive
         return handle
 
 
@@ -265,7 +265,7 @@ class ActorCaller:
             with self.rt.lock:
                 record = self.inflight.pop(msg.task_id, None)
             if record is not None:
-                self.rt.complete_task(record, msg)
+                self.rt.owner.complete_task(record, msg)
 
     def _on_closed(self, conn: Connection, reason: str) -> None:
         failed: list[TaskRecord] = []
@@ -288,7 +288,7 @@ class ActorCaller:
     def _fail(self, record: TaskRecord, why: str = "") -> None:
         name = record.spec.name
         text = why or self.dead_error
-        self.rt.fail_task(record, ActorDiedError(
+        self.rt.owner.fail_task(record, ActorDiedError(
             f"actor call {name!r} failed: the actor {self.actor_id.hex()[:12]} is dead: {text}"))
 
     def node_died(self, node_id: bytes) -> None:

@@ -61,7 +61,7 @@ def _one(rt: ClientRuntime, built: BuiltArgs, position: int, value: Any,
 
 def _ref_arg(rt: ClientRuntime, built: BuiltArgs, position: int, ref: ObjectRef) -> m.TaskArg:
     if ref.owner != rt.client_id:
-        return m.TaskArg(object_id=ref.id, node_id=rt.location_of(ref.id))
+        return m.TaskArg(object_id=ref.id, node_id=rt.refs.location_of(ref.id))
     with rt.lock:
         entry = rt.store.get(ref.id)
         if entry is None and task_of(ref.id) in rt.submitter.records:
@@ -71,4 +71,4 @@ def _ref_arg(rt: ClientRuntime, built: BuiltArgs, position: int, ref: ObjectRef)
         if entry.is_error and built.error is None:
             built.error = entry
         return m.TaskArg(value=entry)
-    return m.TaskArg(object_id=ref.id, node_id=rt.location_of(ref.id))
+    return m.TaskArg(object_id=ref.id, node_id=rt.refs.location_of(ref.id))

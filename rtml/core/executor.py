@@ -84,7 +84,7 @@ class Executor:
         except Exception as exc:  # a bug of ours: the owner must still get an answer
             log.exception("executing %s failed", spec.name)
             result = self._result(spec, self._plain_error_returns(spec, exc), time.time())
-        self.rt.process_refops()
+        self.rt.refs.process_refops()
         conn.send(result)
 
     async def _run_async(self, conn: Connection, spec: m.TaskSpec) -> None:
@@ -103,7 +103,7 @@ class Executor:
             except Exception as exc:
                 returns = self._exception_returns(spec, exc)
             result = self._result(spec, returns, start)
-        self.rt.process_refops()
+        self.rt.refs.process_refops()
         conn.send(result)
 
     # -- one task ----------------------------------------------------------------------------
@@ -187,7 +187,7 @@ class Executor:
 
     def _store_return(self, spec: m.TaskSpec, object_id: bytes, ser: Any) -> m.ReturnObject:
         if ser.contained:
-            self.rt.send_holds(m.AddHolds, [r.id for r in ser.contained], object_id)
+            self.rt.refs.send_holds(m.AddHolds, [r.id for r in ser.contained], object_id)
         if ser.size <= INLINE_MAX:
             return m.ReturnObject(object_id, ser.to_payload(), ser.size)
         local = spec.owner_node in (b"", self.rt.node_id)

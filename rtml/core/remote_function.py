@@ -50,9 +50,9 @@ def submit_call(rt: ClientRuntime, *, name: str, function_id: bytes, args: tuple
     record = TaskRecord(spec, shape, max_retries, retry_exceptions, built.keep_alive,
                         return_ids, has_contained=bool(built.contained), key=key)
     if built.contained:
-        rt.send_holds(m.AddHolds, built.contained, task_id)
+        rt.refs.send_holds(m.AddHolds, built.contained, task_id)
     refs = [ObjectRef(oid, rt.client_id) for oid in return_ids]
-    rt.submit(record, built.pending, built.error)
+    rt.owner.submit(record, built.pending, built.error)
     if num_returns == 1:
         return refs[0]
     return refs if num_returns > 1 else None

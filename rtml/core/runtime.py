@@ -2,14 +2,23 @@
 
     user thread                         reactor thread
     -----------                         --------------
-    f.remote() -> submitter.enqueue --> PushTask written straight to the leased worker
-    get(ref) -> wait on an Event    <-- TaskResult -> memory store -> Event.set()
+    f.remote() -> owner.submit -> submitter.enqueue --> PushTask straight to the leased worker
+    get(ref) -> wait on an Event    <-- TaskResult -> owner.complete_task -> memory store
+                                                      -> Event.set()
     put(big) -> shm segment + SealObject --> node manager
-    ObjectRef.__del__ -> refops deque --> _process_refops -> Release* to node manager
+    ObjectRef.__del__ -> refops deque --> refs.process_refops -> Release* to node manager
 
 It owns the objects this process creates: small ones in its memory store,
 large ones (and any that escape into another process) in the node's
-shared-memory store, held there until no reference remains.
+shared-memory store, held there until no reference remains. The runtime keeps
+the connections and the objects; it owns three helpers that hold a
+back-reference to it:
+
+- ``submitter`` (:mod:`rtml.core.submitter`): leases workers and pushes tasks;
+- ``owner`` (:mod:`rtml.core.owner`): a submitted task's life, from its
+  arguments to its results or its error;
+- ``refs`` (:mod:`rtml.core.references`): reference counts and holds, the
+  counter every ``ObjectRef`` reports to.
 """
 
 from __future__ import annotations
@@ -22,8 +31,7 @@ import sys
 import threading
 import time
 import traceback
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,16 +39,16 @@ from rtml import objectstore
 from rtml.config import INLINE_MAX
 from rtml.control_plane import BatchedWriter, ControlPlane
 from rtml.core import object_ref
-from rtml.core.actors import ActorCaller
 from rtml.core.memory_store import IN_STORE, Entry, MemoryStore, StoredError
 from rtml.core.object_ref import ObjectRef
+from rtml.core.owner import TaskOwner
+from rtml.core.references import ReferenceCounter
 from rtml.core.serialization import Serialized, deserialize, from_payload, serialize
-from rtml.core.submitter import TaskRecord, TaskSubmitter
+from rtml.core.submitter import TaskSubmitter
 from rtml.exceptions import (
     GetTimeoutError,
     ObjectLostError,
     RtmlSystemError,
-    TaskCancelledError,
     TaskError,
 )
 from rtml.ids import new_task_id, object_id_for, random_id, task_of
@@ -55,11 +63,6 @@ from rtml.rpc.reactor import (
 )
 
 log = logging.getLogger(__name__)
-
-REFOPS_BATCH = 64
-"""Reference-count changes queued before the I/O thread is woken to apply them."""
-REFOPS_DELAY = 0.02
-"""Seconds within which a dropped reference is applied even if the process goes idle."""
 
 
 @dataclass(frozen=True)
@@ -92,23 +95,16 @@ class ClientRuntime:
         self.lock = threading.RLock()
         self.store = MemoryStore()
         self.submitter = TaskSubmitter(self)
+        self.owner = TaskOwner(self)
+        self.refs = ReferenceCounter(self)
         self.reactor = Reactor(f"rtml-{config.role}-io", cork=True)
         self._req_ids = itertools.count(1)
         self._replies: dict[int, Callable[[Any], None]] = {}
-        self._refops: deque[tuple[bytes, int]] = deque()
-        self._refops_scheduled = False
-        self._refops_timer = False
-        self._ref_lock = threading.Lock()
-        self._counts: dict[bytes, int] = {}
-        self._borrowed: set[bytes] = set()
-        self._escaped_pending: set[bytes] = set()
         self._exported: set[bytes] = set()
         self.functions: dict[bytes, Any] = {}
-        self.actor_callers: dict[bytes, Any] = {}
         self.blocked_hook: Callable[[bool], None] | None = None
         self.current_task_name = "driver"
         self.closed = False
-        self.locations: dict[bytes, bytes] = {}  # object -> its primary node, if not ours
         self.remote_nms: dict[bytes, Connection] = {}
         self._warned_shapes: set[tuple[tuple[str, float], ...]] = set()
         self._unflushed: list[Connection] = []
@@ -129,7 +125,7 @@ class ClientRuntime:
         info = head_reply.info
         self.plane = ControlPlane(info["redis_host"], int(info["redis_port"]), self.token)
         self.writer = BatchedWriter(self.plane)
-        object_ref.set_counter(self)
+        object_ref.set_counter(self.refs)
 
     def close(self) -> None:
         """Drop connections; owned objects die with the connection to the node manager."""
@@ -137,7 +133,7 @@ class ClientRuntime:
             return
         self.closed = True
         object_ref.set_counter(None)
-        for caller in list(self.actor_callers.values()):
+        for caller in list(self.owner.actor_callers.values()):
             caller.shutdown()
         self.submitter.shutdown()
         for conn in self.remote_nms.values():
@@ -255,7 +251,7 @@ class ClientRuntime:
             conn.on_close = None
             conn.close("its node died")
         self.submitter.node_died(node_id)
-        for caller in list(self.actor_callers.values()):
+        for caller in list(self.owner.actor_callers.values()):
             caller.node_died(node_id)
 
     def _warn_infeasible(self, shape: dict[str, float]) -> None:
@@ -278,7 +274,7 @@ class ClientRuntime:
         with self.lock:
             pending = [r for r in self.submitter.records.values() if not r.done]
         for record in pending:
-            self.fail_task(record, error)
+            self.owner.fail_task(record, error)
 
     def _on_head_message(self, conn: Connection, msg: Any) -> None:
         if isinstance(msg, (m.ActorInfo, m.ClusterInfo)):
@@ -293,118 +289,6 @@ class ClientRuntime:
         if not self.closed:
             log.error("lost the head service (%s)", reason)
 
-    # -- reference counting (ObjectRef hooks) ------------------------------------------------
-
-    def incref(self, object_id: bytes, owner: bytes) -> None:
-        self._refops.append((object_id, 1))
-
-    def decref(self, object_id: bytes, owner: bytes) -> None:
-        # Runs inside __del__, possibly while this thread holds a lock: only append.
-        # API calls drain the queue; the reactor is woken only when it grows long.
-        self._refops.append((object_id, -1))
-        if len(self._refops) >= REFOPS_BATCH and not self._refops_scheduled:
-            self._refops_scheduled = True
-            self.reactor.call_soon(self.process_refops)
-        elif not self._refops_timer:  # an idle process still frees within REFOPS_DELAY
-            self._refops_timer = True
-            self.reactor.call_later(REFOPS_DELAY, self._refops_tick)
-
-    def _refops_tick(self) -> None:
-        self._refops_timer = False
-        self.process_refops()
-
-    def borrowed(self, ref: ObjectRef, node_id: bytes) -> None:
-        """An ObjectRef was unpickled here: hold its object while we reference it.
-
-        ``node_id``: where its primary copy lives (a hint carried with the ref).
-        """
-        if node_id and node_id != self.node_id and ref.owner != self.client_id:
-            self.locations.setdefault(ref.id, node_id)
-        self._refops.append((ref.id, 0))
-        self.process_refops()
-
-    def location_of(self, object_id: bytes) -> bytes:
-        """The node holding the object's primary copy, as far as this process knows."""
-        return self.locations.get(object_id, self.node_id)
-
-    def send_holds(self, kind: type[m.AddHolds] | type[m.ReleaseHolds],
-                   object_ids: Sequence[bytes], holder: bytes) -> None:
-        """Add or release holds through the local node manager, grouped by primary node."""
-        by_node: dict[bytes, list[bytes]] = {}
-        locations = self.locations
-        for object_id in object_ids:
-            by_node.setdefault(locations.get(object_id, b""), []).append(object_id)
-        for node_id, ids in by_node.items():
-            self.nm.send(kind(ids, holder, node_id))
-
-    def escaped(self, ref: ObjectRef) -> None:
-        """An owned ref is being pickled for another process: its value must be shared."""
-        if ref.owner != self.client_id:
-            return
-        with self.lock:
-            entry = self.store.get(ref.id)
-            if entry is None:
-                self._escaped_pending.add(ref.id)
-            elif entry is not IN_STORE and ref.id not in self.store.promoted:
-                self._promote(ref.id, entry)
-
-    def process_refops(self) -> None:
-        """Apply queued reference-count changes; send holds and releases."""
-        self._refops_scheduled = False
-        if not self._refops:
-            return
-        releases: list[bytes] = []
-        adds: list[bytes] = []
-        holders: list[bytes] = []
-        with self._ref_lock:
-            ops = self._refops
-            while ops:
-                object_id, delta = ops.popleft()
-                if delta == 0:
-                    if object_id not in self._borrowed and not self._owns(object_id):
-                        self._borrowed.add(object_id)
-                        adds.append(object_id)
-                    continue
-                count = self._counts.get(object_id, 0) + delta
-                if count > 0:
-                    self._counts[object_id] = count
-                    continue
-                self._counts.pop(object_id, None)
-                self._free(object_id, releases, holders)
-            # Sent under the lock: another thread's add and release of the same
-            # object must reach the node manager in the order they were decided.
-            if adds:
-                self.send_holds(m.AddHolds, adds, self.client_id)
-            self._send_releases(releases, holders)
-
-    def _send_releases(self, releases: list[bytes], holders: list[bytes]) -> None:
-        if releases:
-            self.send_holds(m.ReleaseHolds, releases, self.client_id)
-            for object_id in releases:
-                self.locations.pop(object_id, None)
-        for holder in holders:
-            self.nm.send(m.ReleaseHolder(holder))
-
-    def _owns(self, object_id: bytes) -> bool:
-        return (object_id in self.store.entries
-                or task_of(object_id) in self.submitter.records)
-
-    def _free(self, object_id: bytes, releases: list[bytes], holders: list[bytes]) -> None:
-        if object_id in self._borrowed:
-            self._borrowed.discard(object_id)
-            releases.append(object_id)
-            return
-        with self.lock:
-            promoted = object_id in self.store.promoted
-            entry = self.store.pop(object_id)
-            self._escaped_pending.discard(object_id)
-            contained = object_id in self.store.has_contained
-            self.store.has_contained.discard(object_id)
-        if entry is IN_STORE or promoted:
-            releases.append(object_id)
-        elif contained:
-            holders.append(object_id)
-
     # -- objects -------------------------------------------------------------------------------
 
     def put(self, value: Any) -> ObjectRef:
@@ -415,8 +299,8 @@ class ClientRuntime:
 
     def put_serialized(self, ser: Serialized) -> ObjectRef:
         """Store an already-serialized value as a new owned object."""
-        if self._refops:
-            self.process_refops()
+        if self.refs.refops:
+            self.refs.process_refops()
         object_id = object_id_for(new_task_id(), 0)
         self._store_value(object_id, ser, is_error=False)
         return ObjectRef(object_id, self.client_id)
@@ -425,16 +309,16 @@ class ClientRuntime:
         """Keep a value this process owns: inline if small, else in shared memory."""
         self._hold_contained(object_id, ser)
         if ser.size <= INLINE_MAX:
-            callbacks = self._set_entry(object_id, ser.to_payload(is_error))
+            callbacks = self.set_entry(object_id, ser.to_payload(is_error))
         else:
             self.write_shared(object_id, ser, holder=self.client_id)
-            callbacks = self._set_entry(object_id, IN_STORE)
+            callbacks = self.set_entry(object_id, IN_STORE)
         for callback in callbacks:
             callback(object_id)
 
     def _hold_contained(self, container_id: bytes, ser: Serialized) -> None:
         if ser.contained:
-            self.send_holds(m.AddHolds, [r.id for r in ser.contained], container_id)
+            self.refs.send_holds(m.AddHolds, [r.id for r in ser.contained], container_id)
             with self.lock:
                 self.store.has_contained.add(container_id)
 
@@ -448,17 +332,18 @@ class ClientRuntime:
         self.nm.send(m.SealObject(object_id, size, holder))
         return size
 
-    def _set_entry(self, object_id: bytes, entry: Entry) -> list[Callable[[bytes], Any]]:
+    def set_entry(self, object_id: bytes, entry: Entry) -> list[Callable[[bytes], Any]]:
+        """Store an owned object's value; returns its waiters, to call without the lock."""
         with self.lock:
             callbacks = self.store.put(object_id, entry)
-            escaped = object_id in self._escaped_pending
+            escaped = object_id in self.refs.escaped_pending
             if escaped:
-                self._escaped_pending.discard(object_id)
+                self.refs.escaped_pending.discard(object_id)
                 if entry is not IN_STORE:
-                    self._promote(object_id, entry)
+                    self.promote(object_id, entry)
         return callbacks
 
-    def _promote(self, object_id: bytes, payload: Any) -> None:
+    def promote(self, object_id: bytes, payload: Any) -> None:
         """Copy an inline value into shared memory so other processes can read it."""
         path = objectstore.segment_path(self.store_namespace, object_id)
         try:
@@ -513,7 +398,8 @@ class ClientRuntime:
         if isinstance(entry, m.Payload):
             value = _load(entry)
         else:
-            value = self.read_shared(ref.id, ref.owner, deadline, self.locations.get(ref.id, b""))
+            value = self.read_shared(ref.id, ref.owner, deadline,
+                                     self.refs.locations.get(ref.id, b""))
         if isinstance(value, StoredError):
             raise value.error
         return value
@@ -571,7 +457,8 @@ class ClientRuntime:
                 return lambda: self.store.remove_waiter(ref.id, callback)
         req_id = self.next_request_id()
         self._replies[req_id] = lambda msg: callback(ref.id)
-        self.nm.send(m.WaitObject(req_id, ref.id, ref.owner, self.locations.get(ref.id, b"")))
+        self.nm.send(m.WaitObject(req_id, ref.id, ref.owner,
+                                  self.refs.locations.get(ref.id, b"")))
         return lambda: self._forget_reply(req_id)
 
     def _forget_reply(self, req_id: int) -> None:
@@ -596,184 +483,9 @@ class ClientRuntime:
             self.plane.export_function(function_id, blob)
             self._exported.add(function_id)
 
-    def submit(self, record: TaskRecord, pending: list[tuple[int, ObjectRef]],
-               error: m.Payload | None = None) -> None:
-        """Track a task; queue it once its ``pending`` owned arguments are ready.
-
-        ``error``: an argument already failed, so the task fails with that error.
-        """
-        spec = record.spec
-        if self.nm.closed:
-            raise RtmlSystemError(f"the node manager at {self.config.nm_address} is gone; "
-                                  f"call rtml.shutdown() and rtml.init() again")
-        if self._refops:
-            self.process_refops()
-        # Recorded before the task can finish, so its final status is written last.
-        self.writer.submit_task({"task_id": spec.task_id, "name": spec.name,
-                                 "job_id": spec.job_id, "owner_id": self.client_id,
-                                 "function_id": spec.function_id, "status": "PENDING",
-                                 "submit_ts": time.time(), "attempt": 0})
-        with self.lock:
-            self.submitter.records[spec.task_id] = record
-            record.deps = len(pending)
-            arrived: list[tuple[Callable[[bytes], None], bytes]] = []
-            if error is None:
-                for index, ref in pending:
-                    ready = self._dep_ready(record, index, ref)
-                    if ref.id in self.store.entries:  # finished since the args were built
-                        arrived.append((ready, ref.id))
-                    else:
-                        self.store.add_waiter(ref.id, ready)
-                if spec.actor_id:
-                    self.caller(spec.actor_id, record.max_retries).call(record)
-                elif not record.deps:
-                    self.submitter.enqueue(record)
-        for ready, object_id in arrived:
-            ready(object_id)
-        self.flush_sends()
-        if error is not None:
-            self.fail_task(record, payload=error)
-
-    def _dep_ready(self, record: TaskRecord, index: int,
-                   ref: ObjectRef) -> Callable[[bytes], None]:
-        def ready(_: bytes) -> None:
-            with self.lock:
-                if record.done:
-                    return
-                entry = self.store.get(ref.id)
-                if isinstance(entry, m.Payload) and entry.is_error:
-                    error = entry
-                else:
-                    error = None
-                    record.spec.args[index] = resolved_arg(ref, entry, self.location_of(ref.id))
-                    record.deps -= 1
-                    if record.spec.actor_id:
-                        self.caller(record.spec.actor_id, record.max_retries).flush()
-                    elif record.deps == 0 and not record.cancelled:
-                        self.submitter.enqueue(record)
-            self.flush_sends()
-            if error is not None:
-                self.fail_task(record, payload=error)
-                if record.spec.actor_id:  # let the calls queued behind it go
-                    with self.lock:
-                        self.caller(record.spec.actor_id, record.max_retries).flush()
-                    self.flush_sends()
-        return ready
-
-    def should_retry_exception(self, record: TaskRecord, msg: m.TaskResult) -> bool:
-        if not record.retry_exceptions or msg.cancelled:
-            return False
-        if not msg.returns or not msg.returns[0].is_error:
-            return False
-        if record.max_retries >= 0 and record.spec.attempt >= record.max_retries:
-            return False
-        if record.retry_exceptions is True:
-            return True
-        error = _error_of(msg.returns[0])
-        cause = getattr(error, "cause", error)
-        return isinstance(cause, tuple(record.retry_exceptions))
-
-    def complete_task(self, record: TaskRecord, msg: m.TaskResult) -> None:
-        if record.cancelled:
-            self.fail_task(record, TaskCancelledError(
-                f"task {record.spec.name!r} was cancelled"))
-            return
-        if msg.node_id != self.node_id:
-            self._hold_remote_results(msg)
-        callbacks: list[tuple[Callable[[bytes], Any], bytes]] = []
-        for ret in msg.returns:
-            entry: Entry = ret.value if ret.value is not None else IN_STORE
-            callbacks += [(cb, ret.object_id) for cb in self._set_entry(ret.object_id, entry)]
-        for callback, object_id in callbacks:  # wake getters first; bookkeeping can wait
-            callback(object_id)
-        self._finish(record, "FAILED" if msg.returns and msg.returns[0].is_error else "FINISHED",
-                     {"start_ts": msg.start_ts, "end_ts": msg.end_ts,
-                      "worker_pid": msg.worker_pid, "node_id": msg.node_id})
-
-    def _hold_remote_results(self, msg: m.TaskResult) -> None:
-        """Results stored on another node: our node manager holds them there for us."""
-        remote = [ret.object_id for ret in msg.returns if ret.value is None]
-        if remote:
-            for object_id in remote:
-                self.locations[object_id] = msg.node_id
-            self.nm.send(m.AddHolds(remote, self.client_id, msg.node_id))
-
-    def fail_task(self, record: TaskRecord, error: BaseException | None = None,
-                  payload: m.Payload | None = None) -> None:
-        """Set every return of ``record`` to ``error`` (or an already-stored error)."""
-        if payload is None:
-            assert error is not None, "fail_task needs an error or a stored error payload"
-            payload = serialize(StoredError(error)).to_payload(is_error=True)
-        callbacks: list[tuple[Callable[[bytes], Any], bytes]] = []
-        for object_id in record.return_ids:
-            callbacks += [(cb, object_id) for cb in self._set_entry(object_id, payload)]
-        self._finish(record, "FAILED", {"error": repr(error) if error else "dependency failed"})
-        for callback, object_id in callbacks:
-            callback(object_id)
-
-    def _finish(self, record: TaskRecord, status: str, fields: dict[str, Any]) -> None:
-        with self.lock:
-            if record.done:
-                return
-            record.done = True
-            self.submitter.records.pop(record.spec.task_id, None)
-            record.keep_alive.clear()
-        if record.has_contained:
-            self.nm.send(m.ReleaseHolder(record.spec.task_id))  # releases remote holds too
-        self.writer.submit_task({"task_id": record.spec.task_id, "status": status,
-                                 "attempt": record.spec.attempt, **fields})
-        self.process_refops()
-        self._free_unreferenced(record.return_ids)
-
-    def _free_unreferenced(self, object_ids: Sequence[bytes]) -> None:
-        """Free results whose refs were all dropped before the task finished."""
-        counts = self._counts
-        if all(object_id in counts for object_id in object_ids):
-            return  # the usual case: the caller still holds them
-        releases: list[bytes] = []
-        holders: list[bytes] = []
-        with self._ref_lock:
-            for object_id in object_ids:
-                if object_id not in self._counts:
-                    self._free(object_id, releases, holders)
-            self._send_releases(releases, holders)
-
-    def caller(self, actor_id: bytes, max_task_retries: int) -> ActorCaller:
-        """This process's channel to ``actor_id`` (made on first use)."""
-        caller = self.actor_callers.get(actor_id)
-        if caller is None:
-            caller = self.actor_callers[actor_id] = ActorCaller(self, actor_id, max_task_retries)
-        return caller
-
-    def cancel(self, ref: ObjectRef, force: bool) -> None:
-        with self.lock:
-            record = self.submitter.records.get(task_of(ref.id))
-            if record is None or record.done:
-                return
-            if record.spec.actor_id:  # a call already sent runs to completion
-                record.cancelled = True
-                caller = self.caller(record.spec.actor_id, record.max_retries)
-                failed_here = caller.cancel_queued(record)
-            else:
-                failed_here = self.submitter.cancel(record, force)
-        if failed_here:
-            self.fail_task(record, TaskCancelledError(f"task {record.spec.name!r} was cancelled"))
-
-    def make_system_error(self, reason: str, name: str) -> RtmlSystemError:
-        return RtmlSystemError(f"task {name!r} could not be scheduled: {reason}")
-
     def task_error(self, name: str, exc: BaseException) -> TaskError:
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         return TaskError(name, text, exc, os.getpid(), self.node_id.hex()).as_instanceof_cause()
-
-
-def _error_of(ret: m.ReturnObject) -> BaseException | None:
-    """The error a failed task returned (errors always travel inline), if it unpickles."""
-    try:
-        value = from_payload(ret.value) if ret.value is not None else None
-    except Exception:
-        return None
-    return value.error if isinstance(value, StoredError) else None
 
 
 def _load(payload: m.Payload) -> Any:
@@ -785,10 +497,3 @@ def _load(payload: m.Payload) -> Any:
             raise
         return StoredError(TaskError("<unknown>", f"the task failed, and its exception could "
                                      f"not be unpickled in this process: {exc!r}", None))
-
-
-def resolved_arg(ref: ObjectRef, entry: Entry | None, node_id: bytes) -> m.TaskArg:
-    """An argument for a ready owned ref: its inline value, or its id (and node) to read."""
-    if isinstance(entry, m.Payload):
-        return m.TaskArg(value=entry)
-    return m.TaskArg(object_id=ref.id, node_id=node_id)

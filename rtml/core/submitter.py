@@ -222,7 +222,8 @@ class TaskSubmitter:
             failed = list(queue.tasks)
             queue.tasks.clear()
         for record in failed:
-            self.rt.fail_task(record, self.rt.make_system_error(msg.reason, record.spec.name))
+            self.rt.owner.fail_task(
+                record, self.rt.owner.make_system_error(msg.reason, record.spec.name))
 
     # -- results (reactor thread) ------------------------------------------------------------
 
@@ -239,7 +240,7 @@ class TaskSubmitter:
             queue = self.queues[worker.key]
             elapsed = msg.end_ts - msg.start_ts
             queue.avg_seconds = 0.8 * queue.avg_seconds + 0.2 * elapsed
-            retry = not record.cancelled and rt.should_retry_exception(record, msg)
+            retry = not record.cancelled and rt.owner.should_retry_exception(record, msg)
             if retry:
                 record.spec.attempt += 1
                 queue.tasks.appendleft(record)
@@ -252,7 +253,7 @@ class TaskSubmitter:
         if spread:
             self._retire(worker)
         if not retry:
-            rt.complete_task(record, msg)
+            rt.owner.complete_task(record, msg)
 
     def _arm_idle(self, worker: LeasedWorker) -> None:
         worker.idle_since = time.monotonic()
@@ -306,7 +307,7 @@ class TaskSubmitter:
             worker.inflight.clear()
             self._pump(worker.key, queue)
         for record, error in failed:
-            rt.fail_task(record, error)
+            rt.owner.fail_task(record, error)
 
     # -- cancellation --------------------------------------------------------------------------
 

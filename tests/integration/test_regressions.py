@@ -263,15 +263,15 @@ def test_dependency_that_finishes_before_submission_is_seen(
     # A dependency can finish between the moment the arguments are built (it was
     # pending) and the moment the task is registered: that task used to wait forever.
     # Make the window certain by letting the dependency finish before registering.
-    runtime_cls = type(rtml.core.context.require_runtime())
-    original = runtime_cls.submit
+    owner_cls = type(rtml.core.context.require_runtime().owner)
+    original = owner_cls.submit
 
     def late_submit(self: object, record: object, pending: list, error: object = None) -> None:
         for _, ref in pending:
             rtml.wait([ref], timeout=30)
         original(self, record, pending, error)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(runtime_cls, "submit", late_submit)
+    monkeypatch.setattr(owner_cls, "submit", late_submit)
     first = _plus_one.remote(0)
     assert rtml.get(_plus_one.remote(first), timeout=30) == 2
 

@@ -1,0 +1,291 @@
+"""``rtml start`` and ``rtml stop``: the processes of one node, and their record.
+
+::
+
+    rtml start --head        -> cluster.start_head_node -> Redis, head service, node manager
+    rtml start --address A   -> hello to A (token check) -> cluster.join_node -> node manager
+                                 |
+                                 v
+                  <session_dir>/session.json  (addresses, pids, start times, Redis host/port)
+                                 |
+    rtml stop  -----------------+  SIGTERM the recorded pids, SIGKILL after 5 s
+
+A recorded process is stopped only if it still runs with its recorded start
+time, so a reused pid is never signalled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from rtml import cluster
+from rtml.cli.options import CliError, session_flag, session_of
+from rtml.config import NodeConfig, default_object_store_memory, parse_resources
+from rtml.daemon import FramedClient, pid_alive
+from rtml.exceptions import ProtocolError, RtmlSystemError
+from rtml.ids import random_id
+from rtml.rpc.reactor import make_hello
+from rtml.session import Session, default_session_dir, new_token
+
+STOP_TIMEOUT = 5.0
+HELLO_TIMEOUT = 5.0
+
+
+# -- rtml start --------------------------------------------------------------------------------
+
+def cmd_start(args: argparse.Namespace) -> int:
+    session = session_of(args)
+    _refuse_if_running(session)
+    if args.head:
+        return _start_head(args, session)
+    return _start_worker_node(args, session)
+
+
+def _node_config(args: argparse.Namespace, session: Session, token: str) -> NodeConfig:
+    try:
+        resources = parse_resources(args.resources)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    for flag in ("num_cpus", "num_gpus", "object_store_memory"):
+        value = getattr(args, flag)
+        if value is not None and value < 0:
+            raise CliError(f"--{flag.replace('_', '-')} must be >= 0, got {value}")
+    num_cpus = float(os.cpu_count() or 1) if args.num_cpus is None else args.num_cpus
+    store = args.object_store_memory or default_object_store_memory()
+    node_ip = args.node_ip_address or cluster.detect_node_ip()
+    if not cluster.is_local_ip(node_ip):
+        raise CliError(f"--node-ip-address {node_ip} is not an address of this machine")
+    return NodeConfig(str(session.root), token, "", num_cpus, args.num_gpus or 0.0,
+                      resources, store, node_ip=node_ip)
+
+
+def _start_head(args: argparse.Namespace, session: Session) -> int:
+    token = args.token or os.environ.get("RTML_TOKEN") or new_token()
+    node = _node_config(args, session, token)
+    _check_port_free(node.node_ip, args.port)
+    started = cluster.start_head_node(session, token, node, port=args.port,
+                                      die_with_parent=False)
+    assert started.redis is not None
+    _write_record(started, "head", started.redis.host, started.redis.port)
+    _print_head_started(started, token, session)
+    return _block(started) if args.block else 0
+
+
+def _start_worker_node(args: argparse.Namespace, session: Session) -> int:
+    token = args.token or os.environ.get("RTML_TOKEN")
+    if not token:
+        raise CliError("no cluster token: pass --token TOKEN or set RTML_TOKEN (the head "
+                       "printed it as RTML_TOKEN=... when it started)")
+    address = _check_address(args.address)
+    node = _node_config(args, session, token)
+    info = _hello_head(address, token)
+    try:
+        started = cluster.join_node(session, token, node, address, die_with_parent=False)
+    except RtmlSystemError as exc:
+        raise CliError(f"could not join the head at {address}: {exc}") from None
+    _write_record(started, "node", info.get("redis_host", ""), int(info.get("redis_port", 0)))
+    print(f"Started an rtml node in session {session.root}")
+    print(f"  joined head:   {address}")
+    print(f"  node manager:  {started.nm_address} (node {started.node_id})")
+    print(f"RTML_ADDRESS={address}")
+    print(f"To stop it: rtml stop{session_flag(session)}", flush=True)
+    return _block(started) if args.block else 0
+
+
+def _check_address(address: str) -> str:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise CliError(f"--address must be HOST:PORT (e.g. 127.0.0.1:6380), got {address!r}")
+    return address
+
+
+def _check_port_free(host: str, port: int) -> None:
+    if port == 0:
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise CliError(f"port {port} on {host} is not free ({exc.strerror}); pass "
+                           f"--port with another port, or stop what uses it") from None
+
+
+def _hello_head(address: str, token: str) -> dict[str, str]:
+    """Say hello to the head so a wrong token or address fails here, clearly.
+
+    Returns the head's HelloReply info (where its Redis listens).
+    """
+    async def hello() -> dict[str, str]:
+        client, reply = await FramedClient.connect(
+            address, make_hello(token, "cli", random_id()), timeout=HELLO_TIMEOUT)
+        client.close()
+        return dict(reply.info)
+
+    try:
+        return asyncio.run(hello())
+    except ProtocolError as exc:
+        raise CliError(f"the head at {address} refused this node: {exc}; pass the token the "
+                       f"head printed (RTML_TOKEN=...) with --token or RTML_TOKEN") from None
+    except (OSError, TimeoutError, ConnectionError) as exc:
+        raise CliError(f"cannot reach the head at {address} ({exc or type(exc).__name__}); "
+                       f"check the address and that `rtml start --head` runs there") from None
+
+
+def _write_record(started: cluster.StartedNode, role: str, redis_host: str,
+                  redis_port: int) -> None:
+    """Record what was started; processes are listed in the order to stop them."""
+    procs = [(proc.pid, _module_name(proc.args)) for proc in reversed(started.procs)]
+    if started.redis is not None:
+        procs.append((started.redis.proc.pid, "redis"))
+    started.session.write_record({
+        "role": role, "head_address": started.head_address, "nm_address": started.nm_address,
+        "node_id": started.node_id, "redis_host": redis_host, "redis_port": redis_port,
+        "pids": [pid for pid, _ in procs],
+        "processes": [{"pid": pid, "name": name, "start_time": _start_time(pid)}
+                      for pid, name in procs],
+    })
+
+
+def _module_name(argv: Any) -> str:
+    """The process's short name: ``node_manager`` for ``python -m rtml.scheduler.node_manager``."""
+    try:
+        return str(argv[argv.index("-m") + 1]).rsplit(".", 1)[-1]
+    except (ValueError, IndexError, AttributeError):
+        return "process"
+
+
+def _print_head_started(started: cluster.StartedNode, token: str, session: Session) -> None:
+    assert started.redis is not None
+    env = "" if session.root == Path(default_session_dir()) else \
+        f"RTML_SESSION_DIR={session.root} "
+    lines = [
+        f"Started the rtml head node in session {session.root}",
+        f"  head service:   {started.head_address}",
+        f"  node manager:   {started.nm_address} (node {started.node_id})",
+        f"  control plane:  Redis at {started.redis.host}:{started.redis.port}",
+        f"RTML_ADDRESS={started.head_address}",
+        f"RTML_TOKEN={token}",
+        "",
+        "To connect a driver on this machine:",
+        f"    {env}python -c 'import rtml; rtml.init(address=\"auto\")'",
+        "To add another node to this cluster:",
+        f"    rtml start --address {started.head_address} --token {token} "
+        f"--session-dir DIR",
+        f"To stop this node:  rtml stop{session_flag(session)}",
+    ]
+    print("\n".join(lines), flush=True)
+
+
+def _block(started: cluster.StartedNode) -> int:
+    """Wait for SIGINT/SIGTERM, then stop what was started and forget the record."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    print("Running in the foreground; press Ctrl-C to stop.", flush=True)
+    stop.wait()
+    print("Stopping...", flush=True)
+    started.stop()
+    started.session.record_file.unlink(missing_ok=True)
+    return 0
+
+
+# -- rtml stop ---------------------------------------------------------------------------------
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    session = session_of(args)
+    record = session.read_record()
+    if record is None:
+        print(f"Nothing to stop: no rtml processes are recorded in {session.root}.")
+        return 0
+    stopped = 0
+    for proc in _recorded_processes(record):
+        if not _alive(proc):
+            continue
+        how = _terminate(proc["pid"])
+        print(f"Stopped {proc['name']} (pid {proc['pid']}){how}.")
+        stopped += 1
+    session.record_file.unlink(missing_ok=True)
+    if not stopped:
+        print(f"Nothing was running in {session.root}; removed its stale record.")
+    return 0
+
+
+def _recorded_processes(record: dict[str, Any]) -> list[dict[str, Any]]:
+    if isinstance(record.get("processes"), list):
+        return list(record["processes"])
+    return [{"pid": pid, "name": "process", "start_time": None}
+            for pid in record.get("pids", [])]
+
+
+def _terminate(pid: int) -> str:
+    """SIGTERM, wait up to STOP_TIMEOUT s, then SIGKILL; returns a note on how it ended."""
+    if not _signal(pid, signal.SIGTERM) or _wait_gone(pid, STOP_TIMEOUT):
+        return ""
+    _signal(pid, signal.SIGKILL)
+    _wait_gone(pid, 2.0)
+    return f" with SIGKILL after {STOP_TIMEOUT:.0f}s"
+
+
+def _signal(pid: int, sig: int) -> bool:
+    try:
+        os.kill(pid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    # Not our child (the starting `rtml start` has exited), so there is nothing to wait()
+    # on; a short poll is fine for a command-line tool.
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _alive({"pid": pid}):
+            return True
+        time.sleep(0.02)
+    return not _alive({"pid": pid})
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (Linux), to detect pid reuse."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _alive(proc: dict[str, Any]) -> bool:
+    """True if the recorded process still runs (not a zombie, not a reused pid)."""
+    pid = int(proc["pid"])
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: fall back to signal 0
+        return pid_alive(pid)
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] in ("Z", "X"):
+        return False
+    recorded = proc.get("start_time")
+    return recorded is None or recorded == fields[19]
+
+
+def _refuse_if_running(session: Session) -> None:
+    record = session.read_record()
+    if record is None:
+        return
+    alive = [p for p in _recorded_processes(record) if _alive(p)]
+    if alive:
+        pids = ", ".join(str(p["pid"]) for p in alive)
+        raise CliError(f"rtml is already running in {session.root} (pids {pids}); run "
+                       f"`rtml stop{session_flag(session)}` first, or pass another "
+                       f"--session-dir")

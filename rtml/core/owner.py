@@ -1,0 +1,220 @@
+"""The owner side of a task's life: registered, waiting on arguments, finished.
+
+    submit(record) --> records[task_id], status PENDING
+        owned args pending -> a waiter per arg in the memory store (_dep_ready)
+        all args ready     -> submitter.enqueue (task) | ActorCaller.call (actor method)
+    TaskResult (submitter / ActorCaller) --> complete_task
+        returns -> memory store (inline) or IN_STORE (shared memory) -> wake getters
+        -> _finish: status FINISHED / FAILED, free returns nobody references
+    cancel / lease failed / worker or actor lost / node manager gone / failed argument
+        --> fail_task: every return set to the error -> _finish -> wake getters
+
+A task's final status is written after its PENDING record, and its getters are
+woken before any bookkeeping.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from rtml.core.actors import ActorCaller
+from rtml.core.memory_store import IN_STORE, Entry, StoredError
+from rtml.core.serialization import from_payload, serialize
+from rtml.core.submitter import TaskRecord
+from rtml.exceptions import RtmlSystemError, TaskCancelledError
+from rtml.ids import task_of
+from rtml.rpc import messages as m
+
+if TYPE_CHECKING:
+    from rtml.core.object_ref import ObjectRef
+    from rtml.core.runtime import ClientRuntime
+
+
+class TaskOwner:
+    """Tasks and actor calls this process submitted, from submission to their results."""
+
+    def __init__(self, runtime: ClientRuntime) -> None:
+        self.rt = runtime
+        self.actor_callers: dict[bytes, Any] = {}
+
+    def submit(self, record: TaskRecord, pending: list[tuple[int, ObjectRef]],
+               error: m.Payload | None = None) -> None:
+        """Track a task; queue it once its ``pending`` owned arguments are ready.
+
+        ``error``: an argument already failed, so the task fails with that error.
+        Raises RtmlSystemError if the node manager is gone.
+        """
+        rt = self.rt
+        spec = record.spec
+        if rt.nm.closed:
+            raise RtmlSystemError(f"the node manager at {rt.config.nm_address} is gone; "
+                                  f"call rtml.shutdown() and rtml.init() again")
+        if rt.refs.refops:
+            rt.refs.process_refops()
+        # Recorded before the task can finish, so its final status is written last.
+        rt.writer.submit_task({"task_id": spec.task_id, "name": spec.name,
+                               "job_id": spec.job_id, "owner_id": rt.client_id,
+                               "function_id": spec.function_id, "status": "PENDING",
+                               "submit_ts": time.time(), "attempt": 0})
+        with rt.lock:
+            rt.submitter.records[spec.task_id] = record
+            record.deps = len(pending)
+            arrived: list[tuple[Callable[[bytes], None], bytes]] = []
+            if error is None:
+                for index, ref in pending:
+                    ready = self._dep_ready(record, index, ref)
+                    if ref.id in rt.store.entries:  # finished since the args were built
+                        arrived.append((ready, ref.id))
+                    else:
+                        rt.store.add_waiter(ref.id, ready)
+                if spec.actor_id:
+                    self.caller(spec.actor_id, record.max_retries).call(record)
+                elif not record.deps:
+                    rt.submitter.enqueue(record)
+        for ready, object_id in arrived:
+            ready(object_id)
+        rt.flush_sends()
+        if error is not None:
+            self.fail_task(record, payload=error)
+
+    def _dep_ready(self, record: TaskRecord, index: int,
+                   ref: ObjectRef) -> Callable[[bytes], None]:
+        rt = self.rt
+
+        def ready(_: bytes) -> None:
+            with rt.lock:
+                if record.done:
+                    return
+                entry = rt.store.get(ref.id)
+                if isinstance(entry, m.Payload) and entry.is_error:
+                    error = entry
+                else:
+                    error = None
+                    record.spec.args[index] = resolved_arg(ref, entry,
+                                                           rt.refs.location_of(ref.id))
+                    record.deps -= 1
+                    if record.spec.actor_id:
+                        self.caller(record.spec.actor_id, record.max_retries).flush()
+                    elif record.deps == 0 and not record.cancelled:
+                        rt.submitter.enqueue(record)
+            rt.flush_sends()
+            if error is not None:
+                self.fail_task(record, payload=error)
+                if record.spec.actor_id:  # let the calls queued behind it go
+                    with rt.lock:
+                        self.caller(record.spec.actor_id, record.max_retries).flush()
+                    rt.flush_sends()
+        return ready
+
+    def should_retry_exception(self, record: TaskRecord, msg: m.TaskResult) -> bool:
+        """True if the exception ``msg`` carries is one ``record`` retries on."""
+        if not record.retry_exceptions or msg.cancelled:
+            return False
+        if not msg.returns or not msg.returns[0].is_error:
+            return False
+        if record.max_retries >= 0 and record.spec.attempt >= record.max_retries:
+            return False
+        if record.retry_exceptions is True:
+            return True
+        error = _error_of(msg.returns[0])
+        cause = getattr(error, "cause", error)
+        return isinstance(cause, tuple(record.retry_exceptions))
+
+    def complete_task(self, record: TaskRecord, msg: m.TaskResult) -> None:
+        """Store the returns of a finished task, wake their getters, record its status."""
+        if record.cancelled:
+            self.fail_task(record, TaskCancelledError(
+                f"task {record.spec.name!r} was cancelled"))
+            return
+        if msg.node_id != self.rt.node_id:
+            self._hold_remote_results(msg)
+        callbacks: list[tuple[Callable[[bytes], Any], bytes]] = []
+        for ret in msg.returns:
+            entry: Entry = ret.value if ret.value is not None else IN_STORE
+            callbacks += [(cb, ret.object_id) for cb in self.rt.set_entry(ret.object_id, entry)]
+        for callback, object_id in callbacks:  # wake getters first; bookkeeping can wait
+            callback(object_id)
+        self._finish(record, "FAILED" if msg.returns and msg.returns[0].is_error else "FINISHED",
+                     {"start_ts": msg.start_ts, "end_ts": msg.end_ts,
+                      "worker_pid": msg.worker_pid, "node_id": msg.node_id})
+
+    def _hold_remote_results(self, msg: m.TaskResult) -> None:
+        """Results stored on another node: our node manager holds them there for us."""
+        remote = [ret.object_id for ret in msg.returns if ret.value is None]
+        if remote:
+            for object_id in remote:
+                self.rt.refs.locations[object_id] = msg.node_id
+            self.rt.nm.send(m.AddHolds(remote, self.rt.client_id, msg.node_id))
+
+    def fail_task(self, record: TaskRecord, error: BaseException | None = None,
+                  payload: m.Payload | None = None) -> None:
+        """Set every return of ``record`` to ``error`` (or an already-stored error)."""
+        if payload is None:
+            assert error is not None, "fail_task needs an error or a stored error payload"
+            payload = serialize(StoredError(error)).to_payload(is_error=True)
+        callbacks: list[tuple[Callable[[bytes], Any], bytes]] = []
+        for object_id in record.return_ids:
+            callbacks += [(cb, object_id) for cb in self.rt.set_entry(object_id, payload)]
+        self._finish(record, "FAILED", {"error": repr(error) if error else "dependency failed"})
+        for callback, object_id in callbacks:
+            callback(object_id)
+
+    def _finish(self, record: TaskRecord, status: str, fields: dict[str, Any]) -> None:
+        rt = self.rt
+        with rt.lock:
+            if record.done:
+                return
+            record.done = True
+            rt.submitter.records.pop(record.spec.task_id, None)
+            record.keep_alive.clear()
+        if record.has_contained:
+            rt.nm.send(m.ReleaseHolder(record.spec.task_id))  # releases remote holds too
+        rt.writer.submit_task({"task_id": record.spec.task_id, "status": status,
+                               "attempt": record.spec.attempt, **fields})
+        rt.refs.process_refops()
+        rt.refs.free_unreferenced(record.return_ids)
+
+    def caller(self, actor_id: bytes, max_task_retries: int) -> ActorCaller:
+        """This process's channel to ``actor_id`` (made on first use)."""
+        caller = self.actor_callers.get(actor_id)
+        if caller is None:
+            caller = self.actor_callers[actor_id] = ActorCaller(self.rt, actor_id,
+                                                                max_task_retries)
+        return caller
+
+    def cancel(self, ref: ObjectRef, force: bool) -> None:
+        """Cancel the task producing ``ref``; its getters then raise TaskCancelledError."""
+        with self.rt.lock:
+            record = self.rt.submitter.records.get(task_of(ref.id))
+            if record is None or record.done:
+                return
+            if record.spec.actor_id:  # a call already sent runs to completion
+                record.cancelled = True
+                caller = self.caller(record.spec.actor_id, record.max_retries)
+                failed_here = caller.cancel_queued(record)
+            else:
+                failed_here = self.rt.submitter.cancel(record, force)
+        if failed_here:
+            self.fail_task(record, TaskCancelledError(f"task {record.spec.name!r} was cancelled"))
+
+    def make_system_error(self, reason: str, name: str) -> RtmlSystemError:
+        """The error for a task that could not be scheduled (its lease failed)."""
+        return RtmlSystemError(f"task {name!r} could not be scheduled: {reason}")
+
+
+def _error_of(ret: m.ReturnObject) -> BaseException | None:
+    """The error a failed task returned (errors always travel inline), if it unpickles."""
+    try:
+        value = from_payload(ret.value) if ret.value is not None else None
+    except Exception:
+        return None
+    return value.error if isinstance(value, StoredError) else None
+
+
+def resolved_arg(ref: ObjectRef, entry: Entry | None, node_id: bytes) -> m.TaskArg:
+    """An argument for a ready owned ref: its inline value, or its id (and node) to read."""
+    if isinstance(entry, m.Payload):
+        return m.TaskArg(value=entry)
+    return m.TaskArg(object_id=ref.id, node_id=node_id)

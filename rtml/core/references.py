@@ -1,0 +1,188 @@
+"""Reference counts of one process's ObjectRefs, and its holds on shared objects.
+
+    ObjectRef() / __del__ / unpickle --> incref / decref / borrowed --> refops deque
+        (any thread; __del__ may run while its thread holds a lock, so only append)
+    refops deque --> process_refops (API calls; the reactor after REFOPS_BATCH ops
+                     or REFOPS_DELAY idle)
+        first borrow of a foreign object ---------------> AddHolds     --> node manager
+        count 0: owned value in shm, or a borrowed one -> ReleaseHolds --> node manager
+        count 0: owned value holding refs inside it ----> ReleaseHolder --> node manager
+        count 0: owned inline value --------------------> dropped from the memory store
+    pickling an owned ref (escaped) --> its inline value is promoted to shared memory
+
+Holds are grouped by the node holding each object's primary copy (``locations``);
+the local node manager forwards those for other nodes.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from collections import deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from rtml.core.memory_store import IN_STORE
+from rtml.ids import task_of
+from rtml.rpc import messages as m
+
+if TYPE_CHECKING:
+    from rtml.core.object_ref import ObjectRef
+    from rtml.core.runtime import ClientRuntime
+
+REFOPS_BATCH = 64
+"""Reference-count changes queued before the I/O thread is woken to apply them."""
+REFOPS_DELAY = 0.02
+"""Seconds within which a dropped reference is applied even if the process goes idle."""
+
+
+class ReferenceCounter:
+    """The counter :func:`rtml.core.object_ref.set_counter` is given: counts, holds, frees."""
+
+    def __init__(self, runtime: ClientRuntime) -> None:
+        self.rt = runtime
+        self.refops: deque[tuple[bytes, int]] = deque()
+        """Queued (object id, delta) changes; delta 0 marks a borrow."""
+        self._refops_scheduled = False
+        self._refops_timer = False
+        self._ref_lock = threading.Lock()
+        self._counts: dict[bytes, int] = {}
+        self._borrowed: set[bytes] = set()
+        self.escaped_pending: set[bytes] = set()
+        """Owned objects pickled before their value existed: promoted once it is set."""
+        self.locations: dict[bytes, bytes] = {}  # object -> its primary node, if not ours
+
+    # -- ObjectRef hooks -----------------------------------------------------------------------
+
+    def incref(self, object_id: bytes, owner: bytes) -> None:
+        self.refops.append((object_id, 1))
+
+    def decref(self, object_id: bytes, owner: bytes) -> None:
+        # Runs inside __del__, possibly while this thread holds a lock: only append.
+        # API calls drain the queue; the reactor is woken only when it grows long.
+        self.refops.append((object_id, -1))
+        if len(self.refops) >= REFOPS_BATCH and not self._refops_scheduled:
+            self._refops_scheduled = True
+            self.rt.reactor.call_soon(self.process_refops)
+        elif not self._refops_timer:  # an idle process still frees within REFOPS_DELAY
+            self._refops_timer = True
+            self.rt.reactor.call_later(REFOPS_DELAY, self._refops_tick)
+
+    def _refops_tick(self) -> None:
+        self._refops_timer = False
+        self.process_refops()
+
+    def borrowed(self, ref: ObjectRef, node_id: bytes) -> None:
+        """An ObjectRef was unpickled here: hold its object while we reference it.
+
+        ``node_id``: where its primary copy lives (a hint carried with the ref).
+        """
+        rt = self.rt
+        if node_id and node_id != rt.node_id and ref.owner != rt.client_id:
+            self.locations.setdefault(ref.id, node_id)
+        self.refops.append((ref.id, 0))
+        self.process_refops()
+
+    def location_of(self, object_id: bytes) -> bytes:
+        """The node holding the object's primary copy, as far as this process knows."""
+        return self.locations.get(object_id, self.rt.node_id)
+
+    def escaped(self, ref: ObjectRef) -> None:
+        """An owned ref is being pickled for another process: its value must be shared."""
+        rt = self.rt
+        if ref.owner != rt.client_id:
+            return
+        with rt.lock:
+            entry = rt.store.get(ref.id)
+            if entry is None:
+                self.escaped_pending.add(ref.id)
+            elif entry is not IN_STORE and ref.id not in rt.store.promoted:
+                rt.promote(ref.id, entry)
+
+    def future(self, ref: ObjectRef) -> concurrent.futures.Future[Any]:
+        """``ObjectRef.future()``: see :meth:`ClientRuntime.future`."""
+        return self.rt.future(ref)
+
+    # -- holds and releases --------------------------------------------------------------------
+
+    def send_holds(self, kind: type[m.AddHolds] | type[m.ReleaseHolds],
+                   object_ids: Sequence[bytes], holder: bytes) -> None:
+        """Add or release holds through the local node manager, grouped by primary node."""
+        by_node: dict[bytes, list[bytes]] = {}
+        locations = self.locations
+        for object_id in object_ids:
+            by_node.setdefault(locations.get(object_id, b""), []).append(object_id)
+        for node_id, ids in by_node.items():
+            self.rt.nm.send(kind(ids, holder, node_id))
+
+    def process_refops(self) -> None:
+        """Apply queued reference-count changes; send holds and releases."""
+        self._refops_scheduled = False
+        if not self.refops:
+            return
+        releases: list[bytes] = []
+        adds: list[bytes] = []
+        holders: list[bytes] = []
+        with self._ref_lock:
+            ops = self.refops
+            while ops:
+                object_id, delta = ops.popleft()
+                if delta == 0:
+                    if object_id not in self._borrowed and not self._owns(object_id):
+                        self._borrowed.add(object_id)
+                        adds.append(object_id)
+                    continue
+                count = self._counts.get(object_id, 0) + delta
+                if count > 0:
+                    self._counts[object_id] = count
+                    continue
+                self._counts.pop(object_id, None)
+                self._free(object_id, releases, holders)
+            # Sent under the lock: another thread's add and release of the same
+            # object must reach the node manager in the order they were decided.
+            if adds:
+                self.send_holds(m.AddHolds, adds, self.rt.client_id)
+            self._send_releases(releases, holders)
+
+    def free_unreferenced(self, object_ids: Sequence[bytes]) -> None:
+        """Free results whose refs were all dropped before the task finished."""
+        counts = self._counts
+        if all(object_id in counts for object_id in object_ids):
+            return  # the usual case: the caller still holds them
+        releases: list[bytes] = []
+        holders: list[bytes] = []
+        with self._ref_lock:
+            for object_id in object_ids:
+                if object_id not in self._counts:
+                    self._free(object_id, releases, holders)
+            self._send_releases(releases, holders)
+
+    def _send_releases(self, releases: list[bytes], holders: list[bytes]) -> None:
+        if releases:
+            self.send_holds(m.ReleaseHolds, releases, self.rt.client_id)
+            for object_id in releases:
+                self.locations.pop(object_id, None)
+        for holder in holders:
+            self.rt.nm.send(m.ReleaseHolder(holder))
+
+    def _owns(self, object_id: bytes) -> bool:
+        rt = self.rt
+        return (object_id in rt.store.entries
+                or task_of(object_id) in rt.submitter.records)
+
+    def _free(self, object_id: bytes, releases: list[bytes], holders: list[bytes]) -> None:
+        if object_id in self._borrowed:
+            self._borrowed.discard(object_id)
+            releases.append(object_id)
+            return
+        rt = self.rt
+        with rt.lock:
+            promoted = object_id in rt.store.promoted
+            entry = rt.store.pop(object_id)
+            self.escaped_pending.discard(object_id)
+            contained = object_id in rt.store.has_contained
+            rt.store.has_contained.discard(object_id)
+        if entry is IN_STORE or promoted:
+            releases.append(object_id)
+        elif contained:
+            holders.append(object_id)
