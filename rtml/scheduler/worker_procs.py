@@ -36,11 +36,13 @@ class WorkerProc:
     address: str = ""  # unix socket (owners on this node)
     tcp_address: str = ""  # owners on other nodes
     gone: bool = False
+    pidfd: int = -1  # open while the process is known to be alive
 
     def kill(self) -> None:
-        if self.pid and not self.gone:
+        """SIGKILL the worker through its pidfd: never a process that reused its pid."""
+        if self.pidfd >= 0 and not self.gone:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGKILL)
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
 
 
 class WorkerLauncher:
@@ -84,11 +86,13 @@ class WorkerLauncher:
         except ProcessLookupError:
             self._report(worker, "exited at once")
             return
+        worker.pidfd = pidfd
         loop = asyncio.get_running_loop()
         loop.add_reader(pidfd, self._exited, worker, pidfd)
 
     def _exited(self, worker: WorkerProc, pidfd: int) -> None:
         asyncio.get_running_loop().remove_reader(pidfd)
+        worker.pidfd = -1
         os.close(pidfd)
         self._report(worker, "process exited")
 
