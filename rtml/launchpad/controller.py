@@ -41,8 +41,10 @@ class Controller:
     """Directory, stop flag and outcome sink of one program (thread-safe)."""
 
     def __init__(self, program_name: str, descriptions: dict[str, str],
-                 on_outcome: Callable[[str, BaseException | None], None]) -> None:
+                 on_outcome: Callable[[str, BaseException | None], None],
+                 connect_timeout: float = CONNECT_TIMEOUT) -> None:
         self.program_name = program_name
+        self.connect_timeout = connect_timeout
         self.descriptions = descriptions  # uid -> "CourierNode(Learner) 'learner/0'"
         self.on_outcome = on_outcome
         self.stopped = threading.Event()
@@ -60,8 +62,10 @@ class Controller:
         with self._cond:
             self._addresses.pop(uid, None)
 
-    def lookup(self, uid: str, timeout: float = CONNECT_TIMEOUT) -> str:
-        """The node's address, waiting for it to come up. Raises NodeNotUp or KeyError."""
+    def lookup(self, uid: str, timeout: float | None = None) -> str:
+        """The node's address, waiting for it to come up (at most ``timeout`` s, default
+        the program's connect timeout). Raises NodeNotUp or KeyError."""
+        timeout = self.connect_timeout if timeout is None else timeout
         if uid not in self.descriptions:
             raise KeyError(f"no node {uid} in program {self.program_name!r}; a handle "
                            f"works only in the program its node was added to")
@@ -233,7 +237,7 @@ class RemoteController:
     def unregister(self, uid: str) -> None:
         self._call("unregister", uid)
 
-    def lookup(self, uid: str, timeout: float = CONNECT_TIMEOUT) -> str:
+    def lookup(self, uid: str, timeout: float | None = None) -> str:
         result: str = self._call("lookup", uid, timeout)
         return result
 

@@ -205,10 +205,6 @@ class MultiThreadingColocation(Node):
         where = f"'{self.label}/{self.index}'" if self.label else "(not in a program yet)"
         return f"MultiThreadingColocation({len(self.nodes)} nodes) {where}"
 
-    def create_handle(self) -> Handle:
-        raise ValueError(f"{self.description} has no handle of its own; use the handles "
-                         f"of the nodes inside it")
-
     def served_nodes(self) -> list[Node]:
         return [self, *self.nodes]
 

@@ -6,8 +6,9 @@
         on its own node's address
       monitor thread per node: rtml.get(actor.wait_done.remote())
         returns          -> the node ended (its outcome was reported to the controller)
-        ActorDiedError   -> its process died: a crash (rtml restarts the actor if the
-                            group allows; the node runs again from its constructor)
+        ActorDiedError   -> the actor is dead for good: the node failed
+      a crashed process: rtml restarts the actor (group max_restarts), which runs the
+        node again from its constructor; wait_done is retried on the new process
       restart after a reported error: rtml.kill(actor, no_restart=False)
 
 Handles resolve through the controller, so they keep working after a restart
@@ -22,10 +23,9 @@ from typing import Any
 import cloudpickle
 
 import rtml
-from rtml.exceptions import ActorDiedError
 from rtml.launchpad import context as ctx
 from rtml.launchpad.controller import ControllerServer, RemoteController
-from rtml.launchpad.launch.program_handle import ProgramHandle
+from rtml.launchpad.launch.program_handle import LaunchOptions, ProgramHandle
 from rtml.launchpad.launch.runner import run_node
 from rtml.launchpad.nodes import Node
 from rtml.launchpad.program import Program
@@ -65,57 +65,43 @@ def _this_node_host() -> str:
 
 
 class ActorsHandle(ProgramHandle):
-    def __init__(self, program: Program, launch_type: str, max_restarts: dict[str, int] | None,
-                 grace_period: float, resources: dict[str, dict[str, Any]] | None) -> None:
-        super().__init__(program, launch_type, max_restarts, grace_period)
+    def __init__(self, program: Program, launch_type: str, options: LaunchOptions) -> None:
+        super().__init__(program, launch_type, options)
         if not rtml.is_initialized():
             rtml.init()
-        self.resources = resources or {}
         self.server = ControllerServer(self.controller, _this_node_host(), self.token)
         self.actor_class = rtml.remote(NodeActor)
         self.actors: dict[str, Any] = {}
         self.namespace = f"launchpad-{self.token[:12]}"
-        self.max_restarts = max_restarts or {}
-        self._restarting_itself: set[str] = set()  # crashed; rtml restarts the actor
 
     def start_node(self, node: Node) -> None:
         payload = cloudpickle.dumps({
             "node": node, "controller": self.server.address, "token": self.token,
             "program": self.program.name, "descriptions": self.controller.descriptions})
-        options = {"num_cpus": 0, **self.resources.get(node.label, {})}
+        placement = {"num_cpus": 0, **self.options.resources.get(node.label, {})}
         actor = self.actor_class.options(
             name=f"{node.label}/{node.index}", namespace=self.namespace,
-            max_restarts=self.max_restarts.get(node.label, 0), max_concurrency=4,
-            **options).remote(payload)
+            max_restarts=self.options.max_restarts.get(node.label, 0), max_task_retries=-1,
+            max_concurrency=4,
+            **placement).remote(payload)
         self.actors[node.uid] = actor
         self._monitor(node, actor)
 
     def _monitor(self, node: Node, actor: Any) -> None:
+        """Wait for the node to end. ``wait_done`` is retried across the actor's restarts
+        (``max_task_retries=-1``), so it fails only once rtml gives the actor up."""
         def watch() -> None:
             try:
                 rtml.get(actor.wait_done.remote())
-            except ActorDiedError as exc:
-                if self.actors.get(node.uid) is actor and self.running(node):
-                    self._restarting_itself.add(node.uid)
-                    self.crashed(node, f"died: {exc}")
-            except Exception as exc:  # the driver is shutting down
+            except Exception as exc:  # ActorDiedError: restarts used up (or driver gone)
                 if self.running(node):
-                    self.crashed(node, f"could not be watched: {exc!r}")
+                    self.crashed(node, f"died and cannot restart: {exc}", final=True)
 
         threading.Thread(target=watch, daemon=True, name=f"lp-watch-{node.label}").start()
 
     def restart_node(self, node: Node) -> None:
-        """Have rtml restart the node's actor (it runs the node again from its constructor).
-
-        After a crash rtml is already restarting it; after a reported error it is
-        killed with ``no_restart=False``.
-        """
-        actor = self.actors[node.uid]
-        if node.uid in self._restarting_itself:
-            self._restarting_itself.discard(node.uid)
-        else:
-            rtml.kill(actor, no_restart=False)
-        self._monitor(node, actor)
+        """Kill the node's actor so that rtml restarts it (running the node again)."""
+        rtml.kill(self.actors[node.uid], no_restart=False)
 
     def kill_all(self) -> None:
         for actor in self.actors.values():

@@ -16,15 +16,14 @@ import threading
 import cloudpickle
 
 from rtml.launchpad.controller import ControllerServer
-from rtml.launchpad.launch.program_handle import ProgramHandle
+from rtml.launchpad.launch.program_handle import LaunchOptions, ProgramHandle
 from rtml.launchpad.nodes import Node
 from rtml.launchpad.program import Program
 
 
 class ProcessesHandle(ProgramHandle):
-    def __init__(self, program: Program, launch_type: str, max_restarts: dict[str, int] | None,
-                 grace_period: float) -> None:
-        super().__init__(program, launch_type, max_restarts, grace_period)
+    def __init__(self, program: Program, launch_type: str, options: LaunchOptions) -> None:
+        super().__init__(program, launch_type, options)
         self.server = ControllerServer(self.controller, "127.0.0.1", self.token)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 

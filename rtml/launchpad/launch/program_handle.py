@@ -14,16 +14,27 @@ import logging
 import secrets
 import threading
 import traceback
+from dataclasses import dataclass, field
 from typing import Any
 
 from rtml.launchpad import context as ctx
-from rtml.launchpad.controller import Controller
+from rtml.launchpad.controller import CONNECT_TIMEOUT, Controller
 from rtml.launchpad.nodes import Node
 from rtml.launchpad.program import Program
 
 log = logging.getLogger(__name__)
 
 DEFAULT_GRACE_PERIOD = 5.0
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """How to launch, beyond the launch type (see ``lp.launch``)."""
+
+    max_restarts: dict[str, int] = field(default_factory=dict)  # group label -> restarts
+    resources: dict[str, dict[str, Any]] = field(default_factory=dict)  # rtml actor options
+    grace_period: float = DEFAULT_GRACE_PERIOD
+    connect_timeout: float = CONNECT_TIMEOUT
 
 
 def node_failure(node: Node, error: BaseException) -> BaseException:
@@ -36,17 +47,18 @@ def node_failure(node: Node, error: BaseException) -> BaseException:
 class ProgramHandle:
     """A launched program: ``wait()`` for it to end, ``stop()`` it."""
 
-    def __init__(self, program: Program, launch_type: str,
-                 max_restarts: dict[str, int] | None, grace_period: float) -> None:
+    def __init__(self, program: Program, launch_type: str, options: LaunchOptions) -> None:
         self.program = program
         self.launch_type = launch_type
-        self.grace_period = grace_period
+        self.options = options
+        self.grace_period = options.grace_period
         self.token = secrets.token_hex(16)
         self.nodes = {node.uid: node for node in program.get_all_nodes()}
         descriptions = {n.uid: n.description for node in self.nodes.values()
                         for n in node.served_nodes()}
-        self.controller = Controller(program.name, descriptions, self._on_outcome)
-        self._restarts = {uid: (max_restarts or {}).get(node.label, 0)
+        self.controller = Controller(program.name, descriptions, self._on_outcome,
+                                     options.connect_timeout)
+        self._restarts = {uid: options.max_restarts.get(node.label, 0)
                           for uid, node in self.nodes.items()}
         self._running = set(self.nodes)
         self._lock = threading.Lock()
@@ -102,8 +114,11 @@ class ProgramHandle:
     def restart_node(self, node: Node) -> None:
         self.start_node(node)
 
-    def crashed(self, node: Node, why: str) -> None:
-        """A node ended without reporting (its process died)."""
+    def crashed(self, node: Node, why: str, final: bool = False) -> None:
+        """A node ended without reporting (its process died); ``final``: no restart."""
+        if final:
+            with self._lock:
+                self._restarts[node.uid] = 0
         self._on_outcome(node.uid, RuntimeError(f"{node.description} {why}"))
 
     def running(self, node: Node) -> bool:

@@ -10,23 +10,23 @@ no restarts) and ``wait()`` raises its error.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import threading
 
 import cloudpickle
 
 from rtml.launchpad import context as ctx
-from rtml.launchpad.launch.program_handle import ProgramHandle
+from rtml.launchpad.launch.program_handle import LaunchOptions, ProgramHandle
 from rtml.launchpad.launch.runner import run_node
 from rtml.launchpad.nodes import Node
 from rtml.launchpad.program import Program
 
 
 class ThreadsHandle(ProgramHandle):
-    def __init__(self, program: Program, launch_type: str, max_restarts: dict[str, int] | None,
-                 grace_period: float) -> None:
+    def __init__(self, program: Program, launch_type: str, options: LaunchOptions) -> None:
         if launch_type == "test_mt":
-            max_restarts, grace_period = None, 0.0
-        super().__init__(program, launch_type, max_restarts, grace_period)
+            options = dataclasses.replace(options, max_restarts={}, grace_period=0.0)
+        super().__init__(program, launch_type, options)
         self.threads: dict[str, threading.Thread] = {}
 
     def start_node(self, node: Node) -> None:
