@@ -47,7 +47,6 @@ TRANSFER = "object transfer 100MB between nodes"
 ROW_NAMES = [INIT_FRESH, TASKS_SYNC, TASKS_ASYNC, ACTOR_SYNC, ACTOR_ASYNC, PUT_GET_SMALL,
              PUT_CALLS, GET_CALLS, PUT_GB, GET_BIG, COPY_BIG, TASK_BIG_ARG, REMOTE_NODE,
              TRANSFER]
-NA_ROWS = {REMOTE_NODE, TRANSFER}
 
 # Budgets from shared/DESIGN.md ("Budgets on this machine").
 #   latency budgets: max median in µs; throughput budgets: min rate.
@@ -386,7 +385,7 @@ def run(address: str | None, quick: bool) -> list[dict[str, Any]]:
     if address is None:
         rows += bench_two_nodes(quick)
     else:
-        rows += [na_row(REMOTE_NODE, "latency", "us"), na_row(TRANSFER, "rate", "GB/s")]
+        rows += [na_row(REMOTE_NODE, "latency", "us"), na_row(TRANSFER, "throughput", "GB/s")]
 
     for r in rows:
         apply_budget(r)

@@ -147,7 +147,12 @@ def start_head_node(session: Session, token: str, node: NodeConfig, *, port: int
         listener.close()
         node_manager = _launch_node_manager(started, node, die_with_parent, own_group)
         await_ready(head, session)
-        _node_ready(started, node_manager)
+        try:
+            _node_ready(started, node_manager)
+        except RtmlSystemError as exc:
+            code = head.proc.poll()
+            state = "is running" if code is None else f"exited with code {code}"
+            raise RtmlSystemError(f"{exc} (the head service {state})") from None
     except BaseException:
         listener.close()
         started.stop()

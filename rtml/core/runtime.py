@@ -182,21 +182,15 @@ class ClientRuntime:
                                self.sys_paths, self.node_id)
             conn, _ = open_connection(
                 self.reactor, address, hello,
-                lambda c, msg: self._on_nm_message(c, msg, node_id), self._on_remote_nm_closed)
+                lambda c, msg: self._on_nm_message(c, msg, node_id),
+                lambda c, reason: self._on_remote_nm_closed(node_id, c))
             self.remote_nms[node_id] = conn
         return conn
 
-    def node_of(self, nm: Connection) -> bytes:
-        """The node of a node-manager connection."""
-        if nm is self.nm:
-            return self.node_id
-        return next((n for n, conn in self.remote_nms.items() if conn is nm), b"")
-
-    def _on_remote_nm_closed(self, conn: Connection, reason: str) -> None:
-        node_id = self.node_of(conn)
-        if node_id and not self.closed:
-            self.remote_nms.pop(node_id, None)
-            self.submitter.node_died(node_id)
+    def _on_remote_nm_closed(self, node_id: bytes, conn: Connection) -> None:
+        if not self.closed and self.remote_nms.get(node_id) is conn:
+            del self.remote_nms[node_id]
+            self.submitter.node_died(node_id)  # requests sent on it will never be answered
 
     def next_request_id(self) -> int:
         return next(self._req_ids)

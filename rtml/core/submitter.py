@@ -85,7 +85,8 @@ class TaskSubmitter:
         self.rt = runtime
         self.queues: dict[tuple[Any, ...], ShapeQueue] = {}
         self.records: dict[bytes, TaskRecord] = {}
-        self._lease_keys: dict[int, tuple[tuple[Any, ...], Connection]] = {}
+        # req_id -> (queue key, the node manager asked, that node's id)
+        self._lease_keys: dict[int, tuple[tuple[Any, ...], Connection, bytes]] = {}
 
     # -- submission (user thread, under the runtime lock) ------------------------------------
 
@@ -116,13 +117,13 @@ class TaskSubmitter:
             return
         wanted = min(len(tasks), MAX_LEASE_REQUESTS) - len(queue.lease_requests)
         for _ in range(max(0, wanted)):
-            self._request_lease(key, queue, self.rt.nm, spilled=False)
+            self._request_lease(key, queue, self.rt.nm, self.rt.node_id, spilled=False)
 
     def _request_lease(self, key: tuple[Any, ...], queue: ShapeQueue, nm: Connection,
-                       spilled: bool) -> None:
+                       node_id: bytes, spilled: bool) -> None:
         req_id = self.rt.next_request_id()
         queue.lease_requests.add(req_id)
-        self._lease_keys[req_id] = (key, nm)
+        self._lease_keys[req_id] = (key, nm, node_id)
         nm.send(m.RequestLease(req_id, queue.shape, queue.strategy, queue.preferred_node,
                                spilled))
 
@@ -198,15 +199,15 @@ class TaskSubmitter:
                 self._pump(key, queue)
             return
         with self.rt.lock:
-            self._request_lease(key, queue, nm, spilled=True)
+            self._request_lease(key, queue, nm, msg.node_id, spilled=True)
 
     def node_died(self, node_id: bytes) -> None:
         """Drop leases and requests on a dead node: its tasks are retried elsewhere."""
         with self.rt.lock:
             workers = [w for q in self.queues.values() for w in q.workers
                        if w.node_id == node_id]
-            stale = [req_id for req_id, (_, nm) in self._lease_keys.items()
-                     if self.rt.node_of(nm) == node_id]
+            stale = [req_id for req_id, (_, _, asked) in self._lease_keys.items()
+                     if asked == node_id]
             for req_id in stale:
                 key, queue = self._take_request(req_id)
                 if queue is not None:

@@ -128,6 +128,7 @@ class ObjectManager:
         self.dead_nodes: set[bytes] = set()
         self.pulls: dict[bytes, bytes] = {}  # object id -> node pulled from
         self.unlocated: set[bytes] = set()  # awaited here, location unknown: ask the table
+        self.pulls_started = 0
         self.awaiting_address: dict[bytes, set[bytes]] = {}  # node -> objects to pull
         self.copies: dict[bytes, set[bytes]] = {}  # our object -> nodes holding a copy
         self.copy_of: dict[bytes, bytes] = {}  # our copy -> its primary node
@@ -245,6 +246,7 @@ class ObjectManager:
     def _start_pull(self, object_id: bytes, node_id: bytes, address: str) -> None:
         from rtml.objectstore import transfer  # imports gRPC: only nodes that pull pay
 
+        self.pulls_started += 1
         path = segment.segment_path(self.namespace, object_id)
         future = self.loop.run_in_executor(None, transfer.pull, address, self.token,
                                            object_id, path, self.node_id)

@@ -424,13 +424,14 @@ async def serve(cfg: HeadConfig, ready_fd: int) -> None:
     head = HeadService(cfg)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, head.stopped.set)
+        loop.add_signal_handler(sig, _stop_on_signal, head, sig)
     if cfg.listen_fd >= 0:
         sock = socket.socket(fileno=cfg.listen_fd)
         server = await loop.create_server(protocol_factory(head), sock=sock)
     else:
         server = await loop.create_server(protocol_factory(head), cfg.host, cfg.port)
     port = server.sockets[0].getsockname()[1]
+    log.info("head service pid %d serving on %s:%d", os.getpid(), cfg.host, port)
     report_ready(ready_fd, f"ok {cfg.host}:{port}")
     liveness = asyncio.create_task(_watch_liveness(head))
     try:
@@ -445,6 +446,11 @@ async def serve(cfg: HeadConfig, ready_fd: int) -> None:
             await asyncio.wait(head.background, timeout=5.0)
         head.events.close()
         head.plane.close()
+
+
+def _stop_on_signal(head: HeadService, sig: signal.Signals) -> None:
+    log.info("stopping on %s", sig.name)
+    head.stopped.set()
 
 
 async def _watch_liveness(head: HeadService) -> None:

@@ -53,6 +53,8 @@ from rtml.session import Session
 log = logging.getLogger(__name__)
 
 REGISTER_TIMEOUT = 30.0
+HEAD_CONNECT_TIMEOUT = 3.0
+"""Seconds a starting node manager keeps trying to reach the head."""
 IDLE_WORKER_TICKS = 10
 """Heartbeat ticks (0.5 s each) a worker beyond the pool size may idle before it is stopped."""
 
@@ -136,16 +138,26 @@ class NodeManager(Service):
                                   f"node's registration within {REGISTER_TIMEOUT:g} s") from None
 
     async def _connect_head(self) -> tuple[FramedClient, m.HelloReply]:
+        """Connect and register with the head, retrying a connection that fails or drops
+        for up to HEAD_CONNECT_TIMEOUT s (a refusal of our token is final)."""
         address = self.cfg.head_address
         hello = make_hello(self.token, "node", self.node_id)
-        try:
-            return await FramedClient.connect(address, hello)
-        except ProtocolError as exc:
-            raise RtmlSystemError(f"the head at {address} refused this node: {exc}") from None
-        except (OSError, TimeoutError) as exc:
-            raise RtmlSystemError(f"cannot reach the head at {address} ({exc or 'timed out'})"
-                                  f"; check the address and that `rtml start --head` runs "
-                                  f"there") from None
+        deadline = time.monotonic() + HEAD_CONNECT_TIMEOUT
+        delay = 0.05
+        while True:
+            try:
+                return await FramedClient.connect(address, hello)
+            except ProtocolError as exc:
+                raise RtmlSystemError(f"the head at {address} refused this node: "
+                                      f"{exc}") from None
+            except (OSError, TimeoutError) as exc:
+                if time.monotonic() + delay > deadline:
+                    raise RtmlSystemError(
+                        f"cannot reach the head at {address} ({exc or 'timed out'}); check "
+                        f"the address and that `rtml start --head` runs there") from None
+                log.warning("connecting to the head at %s failed (%r); retrying", address, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
 
     def _transfer_ready(self, address: str) -> None:
         self.head.send(m.NodeTransferReady(self.node_id, address))
@@ -356,6 +368,7 @@ class NodeManager(Service):
     def _stats(self, peer: Peer, client: Client, msg: m.StoreStats) -> None:
         stats = self.objects.store.stats()
         stats["num_workers"] = sum(1 for w in self.workers.values() if not w.gone)
+        stats["pulls_started"] = self.objects.pulls_started
         peer.send(m.StoreStatsReply(msg.req_id, stats))
 
     _handlers: dict[type, Any] = {

@@ -250,3 +250,36 @@ def test_an_actor_created_with_a_pending_argument_from_another_node(three_nodes)
     holder = Holder.options(num_cpus=0, scheduling_strategy=pinned(node3)).remote(ref)
     assert rtml.get(holder.size.remote(), timeout=30) == (1 << 20, node3.node_id)
     rtml.kill(holder)
+
+
+@rtml.remote
+def first_byte(array: np.ndarray) -> int:
+    return int(array[0])
+
+
+def test_concurrent_reads_on_one_node_share_one_transfer(three_nodes) -> None:
+    _, head, node2, _ = three_nodes
+    ref = slow_array.options(scheduling_strategy=pinned(node2)).remote(0.0, 32 << 20)
+    rtml.wait([ref])
+    before = rtml.api._store_stats()["pulls_started"]
+    readers = [first_byte.options(scheduling_strategy=pinned(head), num_cpus=0).remote(ref)
+               for _ in range(3)]
+    assert int(rtml.get(ref)[0]) == 1 and rtml.get(readers) == [1, 1, 1]
+    assert rtml.api._store_stats()["pulls_started"] == before + 1
+
+
+def test_a_pulled_copy_is_recorded_as_a_second_location(three_nodes) -> None:
+    _, head, node2, _ = three_nodes
+    ref = slow_array.options(scheduling_strategy=pinned(node2)).remote(0.0, 4 << 20)
+    assert rtml.get(ref).nbytes == 4 << 20  # pulled to the head
+    plane = rtml.core.context.require_runtime().plane
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        records = {o["object_id"]: o for o in plane.list_objects()}
+        record = records.get(ref.hex())
+        if record and len(record.get("locations", [])) == 2:
+            break
+        time.sleep(0.1)
+    assert record is not None
+    assert sorted(record["locations"]) == sorted([head.node_id, node2.node_id])
+    assert record["node_id"] == node2.node_id
