@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,13 +36,47 @@ def batched_handler(batch_size: int, timeout: float = DEFAULT_TIMEOUT,
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        batcher = _Batcher(fn, batch_size, timeout, max_parallelism)
-
-        @functools.wraps(fn)
-        def call(*args: Any, **kwargs: Any) -> Any:
-            return batcher.call(args, kwargs)
-        return call
+        return BatchedHandler(fn, batch_size, timeout, max_parallelism)
     return decorate
+
+
+class BatchedHandler:
+    """A batched function; on a class, each instance gets its own batches (``__get__``).
+
+    Its batching state is made on first call, so a class holding one still pickles.
+    """
+
+    def __init__(self, fn: Callable[..., Any], size: int, timeout: float,
+                 parallelism: int) -> None:
+        functools.update_wrapper(self, fn)
+        self.fn, self.size, self.timeout, self.parallelism = fn, size, timeout, parallelism
+        self._batcher: _Batcher | None = None
+        self._bound: weakref.WeakKeyDictionary[Any, BatchedHandler] | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with _CREATE:
+            if self._batcher is None:
+                self._batcher = _Batcher(self.fn, self.size, self.timeout, self.parallelism)
+        return self._batcher.call(args, kwargs)
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        with _CREATE:
+            if self._bound is None:
+                self._bound = weakref.WeakKeyDictionary()
+            bound = self._bound.get(instance)
+            if bound is None:
+                bound = BatchedHandler(functools.partial(self.fn, instance), self.size,
+                                       self.timeout, self.parallelism)
+                self._bound[instance] = bound
+        return bound
+
+    def __reduce__(self) -> Any:
+        return (BatchedHandler, (self.fn, self.size, self.timeout, self.parallelism))
+
+
+_CREATE = threading.Lock()
 
 
 class _Batch:

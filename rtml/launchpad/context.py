@@ -81,6 +81,17 @@ def launched(program_handle: Any) -> None:
     _launched.append(program_handle)
 
 
+def forget(program_handle: Any) -> None:
+    """The program ended: ``lp.stop()`` from the launching process no longer concerns it."""
+    if program_handle in _launched:
+        _launched.remove(program_handle)
+
+
+def launched_program(program: Any) -> Any:
+    """The running launch of ``program`` from this process, if any."""
+    return next((h for h in _launched if h.program is program), None)
+
+
 def stop() -> None:
     """Stop the program this node belongs to (from the launching process: every
     program it launched). Nodes get their stop event and handlers, then a grace

@@ -182,6 +182,7 @@ class RemoteController:
         self.descriptions = descriptions
         self.stopped = threading.Event()
         self._sock = wire.connect(address, token)
+        self._lost = False  # the launcher is gone: every call fails at once
         self._send_lock = threading.Lock()
         self._pending: dict[int, tuple[threading.Event, list[Any]]] = {}
         self._ids = 0
@@ -192,6 +193,8 @@ class RemoteController:
     def _call(self, op: str, *args: Any) -> Any:
         done, box = threading.Event(), cast(list[Any], [])
         with self._send_lock:
+            if self._lost:
+                raise ConnectionError("the program's controller is gone")
             self._ids += 1
             req_id = self._ids
             self._pending[req_id] = (done, box)
@@ -211,7 +214,10 @@ class RemoteController:
                 done.set()
         except (wire.WireError, OSError):
             # The launcher is gone: the program is over for this node.
-            for done, box in self._pending.values():
+            with self._send_lock:
+                self._lost = True
+                pending, self._pending = self._pending, {}
+            for done, box in pending.values():
                 box.extend((False, ConnectionError("the program's controller is gone")))
                 done.set()
             self._stopped()

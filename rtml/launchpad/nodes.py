@@ -23,14 +23,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rtml.launchpad import context as ctx
-from rtml.launchpad.courier import CourierClient, CourierServer
+from rtml.launchpad.courier import HANDLER_THREADS, CourierClient, CourierServer
 
 if TYPE_CHECKING:
     from rtml.launchpad.program import Program
-
-
-class NodeConstructionError(RuntimeError):
-    """A node's constructor (or function) raised; names the node and its label."""
 
 
 class Handle:
@@ -46,15 +42,20 @@ class Handle:
         return self._node.description if self._node is not None else self._description
 
     def dereference(self) -> Any:
-        """A client of the node. Raises RuntimeError outside a launched program."""
+        """A client of the node: inside a node of its program, or in the process that
+        launched the program. Raises RuntimeError anywhere else."""
         context = ctx.current()
         if context is None:
-            raise RuntimeError(f"the handle of {self.description} was dereferenced outside "
-                               f"a launched program; pass it to another node's constructor "
-                               f"and use it there")
-        return self._client(context)
+            program = self._node.program if self._node is not None else None
+            launched = ctx.launched_program(program) if program is not None else None
+            if launched is None:
+                raise RuntimeError(f"the handle of {self.description} was dereferenced "
+                                   f"outside a launched program; launch the program first, "
+                                   f"or pass the handle to another node's constructor")
+            return self._client_of(launched.controller, launched.token)
+        return self._client_of(context.controller, context.token)
 
-    def _client(self, context: ctx.NodeContext) -> Any:
+    def _client_of(self, controller: Any, token: str) -> Any:
         raise RuntimeError(f"{self.description} serves no methods (only a CourierNode "
                            f"does); its handle cannot be called")
 
@@ -66,9 +67,8 @@ class Handle:
 
 
 class CourierHandle(Handle):
-    def _client(self, context: ctx.NodeContext) -> Any:
-        return CourierClient(self.uid, self.description, context.controller,
-                             context.token)
+    def _client_of(self, controller: Any, token: str) -> Any:
+        return CourierClient(self.uid, self.description, controller, token)
 
 
 def _rebuild_handle(cls: type[Handle], uid: str, description: str) -> Handle:
@@ -155,14 +155,27 @@ class PyClassNode(Node):
 
 
 class CourierNode(Node):
-    """Builds an object and serves its public methods; runs its ``run()`` if it has one."""
+    """Builds an object and serves its public methods; runs its ``run()`` if it has one.
+
+    ``courier_kwargs={"thread_pool_size": n}`` sets how many calls it serves at once.
+    """
 
     handle_type = CourierHandle
+
+    def __init__(self, target: Callable[..., Any], *args: Any,
+                 courier_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(target, *args, **kwargs)
+        unknown = set(courier_kwargs or {}) - {"thread_pool_size"}
+        if unknown:
+            raise ValueError(f"unsupported courier_kwargs {sorted(unknown)} for "
+                             f"{self.description}; rtml supports thread_pool_size")
+        self.threads = int((courier_kwargs or {}).get("thread_pool_size", HANDLER_THREADS))
 
     def execute(self, context: ctx.NodeContext) -> None:
         instance = self._construct()
         server = CourierServer(instance, self.description, context.host, context.token,
-                               wrap=lambda f: ctx.run_in_context(context, f))
+                               wrap=lambda f: ctx.run_in_context(context, f),
+                               threads=self.threads)
         context.controller.register(self.uid, server.address)
         try:
             run = getattr(instance, "run", None)

@@ -361,3 +361,81 @@ def test_rtml_places_groups_with_their_resources(start_cluster: Any, tmp_path: P
     while rtml.available_resources().get("GPU") != 1.0 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert rtml.available_resources().get("GPU") == 1.0
+
+
+class Model:
+    """A batched method (the decorator on the class) with per-instance batches."""
+
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+        self.batches: list[int] = []
+
+    @lp.batched_handler(batch_size=3, timeout=2.0)
+    def infer(self, x: np.ndarray) -> np.ndarray:
+        self.batches.append(len(x))
+        return x * self.scale
+
+    def sizes(self) -> list[int]:
+        return self.batches
+
+
+def test_a_node_is_callable_from_the_launching_process(launch_type: str) -> None:
+    program = lp.Program("driver-calls")
+    model = program.add_node(lp.CourierNode(Model, 2.0, courier_kwargs={
+        "thread_pool_size": 4}), label="model")
+    handle = lp.launch(program, launch_type=launch_type)
+    try:
+        client = model.dereference()
+        futures = [client.futures.infer(np.full(2, float(i))) for i in range(3)]
+        assert [f.result(timeout=WAIT_S).tolist() for f in futures] == \
+            [[0.0, 0.0], [2.0, 2.0], [4.0, 4.0]]
+        assert client.sizes() == [3]
+    finally:
+        handle.stop()
+    assert handle.wait(WAIT_S)
+
+
+def test_an_unpicklable_argument_names_its_node_and_starts_nothing() -> None:
+    import threading
+
+    program = lp.Program("bad-args")
+    program.add_node(lp.CourierNode(Server), label="server")
+    program.add_node(lp.PyNode(print, threading.Lock()), label="client")
+    before = threading.active_count()
+    with pytest.raises(TypeError, match=r"PyNode\(print\) 'client/0' cannot be sent"):
+        lp.launch(program, launch_type="local_mt")
+    assert threading.active_count() == before
+
+
+def test_a_node_process_exits_when_its_launcher_dies(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "launcher.py"
+    script.write_text(
+        "import sys, time\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "import rtml.launchpad as lp\n"
+        "from test_launchpad import Server\n"
+        "p = lp.Program('orphan')\n"
+        "p.add_node(lp.CourierNode(Server), label='server')\n"
+        "h = lp.launch(p, launch_type='local_mp')\n"
+        "print(h.procs[next(iter(h.procs))].pid, flush=True)\n"
+        "time.sleep(60)\n")
+    launcher = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                                text=True)
+    assert launcher.stdout is not None
+    node_pid = int(launcher.stdout.readline())
+    time.sleep(1.0)  # the node is up and serving
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            os.kill(node_pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(node_pid, signal.SIGKILL)
+    raise AssertionError("the node process outlived its launcher")

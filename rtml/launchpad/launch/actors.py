@@ -36,7 +36,7 @@ class NodeActor:
 
     def __init__(self, payload: bytes) -> None:
         data = cloudpickle.loads(payload)
-        node: Node = data["node"]
+        node: Node = cloudpickle.loads(data["node"])
         controller = RemoteController(data["controller"], data["token"], data["program"],
                                       data["descriptions"])
         context = ctx.NodeContext(node.uid, node.description, controller, _this_node_host(),
@@ -76,7 +76,7 @@ class ActorsHandle(ProgramHandle):
 
     def start_node(self, node: Node) -> None:
         payload = cloudpickle.dumps({
-            "node": node, "controller": self.server.address, "token": self.token,
+            "node": self.blobs[node.uid], "controller": self.server.address, "token": self.token,
             "program": self.program.name, "descriptions": self.controller.descriptions})
         placement = {"num_cpus": 0, **self.options.resources.get(node.label, {})}
         actor = self.actor_class.options(

@@ -20,7 +20,7 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     payload = cloudpickle.loads(sys.stdin.buffer.read())
-    node = payload["node"]
+    node = cloudpickle.loads(payload["node"])
     controller = RemoteController(payload["controller"], payload["token"],
                                   payload["program"], payload["descriptions"])
     context = ctx.NodeContext(node.uid, node.description, controller, payload["host"],

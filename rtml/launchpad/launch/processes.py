@@ -29,7 +29,7 @@ class ProcessesHandle(ProgramHandle):
 
     def start_node(self, node: Node) -> None:
         payload = cloudpickle.dumps({
-            "node": node, "controller": self.server.address, "token": self.token,
+            "node": self.blobs[node.uid], "controller": self.server.address, "token": self.token,
             "program": self.program.name, "descriptions": self.controller.descriptions,
             "host": "127.0.0.1"})
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))

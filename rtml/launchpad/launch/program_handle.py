@@ -17,6 +17,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
+import cloudpickle
+
 from rtml.launchpad import context as ctx
 from rtml.launchpad.controller import CONNECT_TIMEOUT, Controller
 from rtml.launchpad.nodes import Node
@@ -42,6 +44,15 @@ def node_failure(node: Node, error: BaseException) -> BaseException:
     text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
     error.add_note(f"{node.description} failed:\n{text}")
     return error
+
+
+def _pickled(node: Node) -> bytes:
+    """The node as it travels to where it runs. Raises TypeError naming the node."""
+    try:
+        return bytes(cloudpickle.dumps(node))
+    except Exception as exc:
+        raise TypeError(f"{node.description} cannot be sent to where it runs: its "
+                        f"constructor arguments must pickle ({exc})") from None
 
 
 class ProgramHandle:
@@ -80,10 +91,18 @@ class ProgramHandle:
     # -- shared behaviour -------------------------------------------------------------------
 
     def start(self) -> ProgramHandle:
+        """Start every node. Raises TypeError naming a node that cannot be pickled
+        (before any node starts); a failure to start one stops those already started."""
+        self.blobs = {uid: _pickled(node) for uid, node in self.nodes.items()}
         if not self.nodes:
             self.done.set()
-        for node in self.nodes.values():
-            self.start_node(node)
+        try:
+            for node in self.nodes.values():
+                self.start_node(node)
+        except BaseException:
+            self.stop()
+            self._kill()
+            raise
         return self
 
     def _on_outcome(self, uid: str, error: BaseException | None) -> None:
@@ -152,6 +171,7 @@ class ProgramHandle:
         if self.done.is_set():
             return
         self.done.set()
+        ctx.forget(self)
         if self._killer is not None:
             self._killer.cancel()
         self.controller.request_stop()  # idle servers of a finished program go too

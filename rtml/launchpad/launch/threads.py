@@ -9,6 +9,7 @@ no restarts) and ``wait()`` raises its error.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import threading
@@ -22,6 +23,12 @@ from rtml.launchpad.nodes import Node
 from rtml.launchpad.program import Program
 
 
+def _run_killable(node: Node, context: ctx.NodeContext) -> None:
+    """The thread of a node: the SystemExit that kill_all raises in it ends it quietly."""
+    with contextlib.suppress(SystemExit):
+        run_node(node, context)
+
+
 class ThreadsHandle(ProgramHandle):
     def __init__(self, program: Program, launch_type: str, options: LaunchOptions) -> None:
         if launch_type == "test_mt":
@@ -30,10 +37,10 @@ class ThreadsHandle(ProgramHandle):
         self.threads: dict[str, threading.Thread] = {}
 
     def start_node(self, node: Node) -> None:
-        copy: Node = cloudpickle.loads(cloudpickle.dumps(node))
+        copy: Node = cloudpickle.loads(self.blobs[node.uid])
         context = ctx.NodeContext(node.uid, node.description, self.controller, "127.0.0.1",
                                   self.token)
-        thread = threading.Thread(target=run_node, args=(copy, context), daemon=True,
+        thread = threading.Thread(target=_run_killable, args=(copy, context), daemon=True,
                                   name=f"lp-{node.label}-{node.index}")
         self.threads[node.uid] = thread
         thread.start()
