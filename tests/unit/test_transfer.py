@@ -1,10 +1,16 @@
-"""Node-to-node object transfer over gRPC: real sockets, an in-process server, tmp_path files."""
+"""Node-to-node object transfer: real sockets, an in-process server, tmp_path files.
+
+Small objects travel through the chunked ``Pull`` RPC, large ones (``STREAM_MIN_BYTES`` and
+up) on a side stream that ``OpenStream`` opens; the tests say which path they exercise.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import pickle
+import select
 import socket
 import threading
 import time
@@ -21,6 +27,7 @@ from rtml.objectstore import read_segment, write_segment
 from rtml.objectstore import transfer as tr
 from rtml.objectstore.transfer import (
     CHUNK_BYTES,
+    STREAM_MIN_BYTES,
     TransferServer,
     close_channels,
     decode_chunk,
@@ -101,6 +108,51 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _fds() -> int:
+    """Descriptors open in this process (server and client threads alike)."""
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _no_fd_leak(before: int) -> bool:
+    """Whether this process is back to at most ``before`` descriptors. gRPC's own sockets
+    and pipes come and go in the background, so they get a moment to settle."""
+    deadline = time.monotonic() + 2.0
+    while _fds() > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return _fds() <= before
+
+
+def _object_fds(holder: Holder) -> int:
+    """Descriptors open on the holder's object files: exact, unlike ``_fds``."""
+    count = 0
+    for name in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # closed since listed
+            count += os.readlink(f"/proc/self/fd/{name}").startswith(str(holder.directory))
+    return count
+
+
+@pytest.fixture
+def paths(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The path each ``pull`` took, in order: "stream" (side stream) or "chunks" (Pull)."""
+    taken: list[str] = []
+    for name, label in (("_receive_stream", "stream"), ("_receive_chunks", "chunks")):
+        original = getattr(tr, name)
+
+        def spy(*args: Any, _original: Any = original, _label: str = label) -> Any:
+            taken.append(_label)
+            return _original(*args)
+
+        monkeypatch.setattr(tr, name, spy)
+    return taken
+
+
+@pytest.fixture(params=["splice", "mmap"])
+def receiver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each side-stream receiver in turn (splice is the default where os.splice exists)."""
+    monkeypatch.setattr(tr, "STREAM_RECEIVER", request.param)
+    return str(request.param)
 
 
 # -- round trips ---------------------------------------------------------------------------------
@@ -411,3 +463,332 @@ def test_pulls_through_the_generated_stub_parse_as_protobuf(holder: Holder) -> N
     assert [c.offset for c in chunks] == [0, CHUNK_BYTES]
     assert [c.total_size for c in chunks] == [len(data), 0]
     assert b"".join(c.data for c in chunks) == data
+
+
+# -- the side stream -----------------------------------------------------------------------------
+
+
+def _stub(channel: grpc.Channel) -> Any:
+    return transfer_pb2_grpc.ObjectTransferStub(channel)
+
+
+def _open_stream(channel: grpc.Channel, object_id: bytes,
+                 metadata: tuple[tuple[str, str], ...] = GOOD_METADATA) -> Any:
+    """``OpenStream`` through the generated stub, as a non-rtml client would call it."""
+    return _stub(channel).OpenStream(transfer_pb2.PullRequest(object_id=object_id),
+                                     metadata=metadata, timeout=10)
+
+
+def _redeem(port: int, ticket: bytes) -> bytes:
+    """Everything the side port sends for ``ticket`` until it closes the connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(ticket)
+        parts = []
+        while part := conn.recv(1 << 20):
+            parts.append(part)
+    return b"".join(parts)
+
+
+@pytest.fixture
+def channel(holder: Holder) -> Iterator[grpc.Channel]:
+    """A stub channel to the holder, connected (so its descriptors are open) before use."""
+    with grpc.insecure_channel(holder.address) as chan:
+        small = holder.put_bytes(b"warm-up")
+        assert _open_stream(chan, small).ticket == b""  # small: no ticket, no descriptor
+        holder.located.clear()
+        yield chan
+
+
+def test_large_object_round_trip_via_side_stream(holder: Holder, dest_dir: Path,
+                                                 paths: list[str], receiver: str) -> None:
+    array = np.random.default_rng(7).random((1000, 700))  # 5.6 MB of float64
+    object_id = holder.put_value({"weights": array, "step": 9})
+    original = holder.path(object_id).read_bytes()
+    assert len(original) >= STREAM_MIN_BYTES
+    dest = dest_dir / "copy"
+    size = pull(holder.address, TOKEN, object_id, str(dest), requester_node=b"node-b")
+    assert paths == ["stream"]
+    assert size == len(original) == dest.stat().st_size
+    assert dest.read_bytes() == original
+    inband, buffers = read_segment(str(dest))
+    value = pickle.loads(inband, buffers=buffers)
+    assert value["step"] == 9
+    np.testing.assert_array_equal(value["weights"], array)
+    assert holder.served == [(object_id, b"node-b")]
+    assert _leftovers(dest_dir) == []
+
+
+@pytest.mark.parametrize(("size", "path"), [(STREAM_MIN_BYTES - 1, "chunks"),
+                                            (STREAM_MIN_BYTES, "stream"),
+                                            (STREAM_MIN_BYTES + 3 * CHUNK_BYTES + 5, "stream")])
+def test_size_picks_the_path(holder: Holder, dest_dir: Path, paths: list[str], size: int,
+                             path: str) -> None:
+    data = os.urandom(size)
+    object_id = holder.put_bytes(data)
+    dest = dest_dir / "copy"
+    assert pull(holder.address, TOKEN, object_id, str(dest)) == size
+    assert paths == [path]
+    assert dest.read_bytes() == data
+    assert holder.served == [(object_id, b"")]
+    assert holder.located == [object_id] * (2 if path == "chunks" else 1)  # OpenStream, Pull
+
+
+def test_small_objects_use_pull(holder: Holder, dest_dir: Path, paths: list[str]) -> None:
+    object_id = holder.put_bytes(b"small")
+    assert pull(holder.address, TOKEN, object_id, str(dest_dir / "s")) == 5
+    assert paths == ["chunks"]
+
+
+def test_holder_without_open_stream_is_pulled_in_chunks(holder: Holder, dest_dir: Path,
+                                                        paths: list[str]) -> None:
+    """A holder from before side streams answers UNIMPLEMENTED: the puller uses Pull."""
+    data = os.urandom(STREAM_MIN_BYTES + 1)
+    object_id = holder.put_bytes(data)
+    only_pull = grpc.unary_stream_rpc_method_handler(
+        holder.server.serve, request_deserializer=transfer_pb2.PullRequest.FromString)
+    old = grpc.server(tr.futures.ThreadPoolExecutor(2), handlers=[
+        grpc.method_handlers_generic_handler(tr._SERVICE, {"Pull": only_pull})])
+    address = f"127.0.0.1:{old.add_insecure_port('127.0.0.1:0')}"
+    old.start()
+    try:
+        assert pull(address, TOKEN, object_id, str(dest_dir / "old")) == len(data)
+    finally:
+        close_channels()
+        old.stop(0).wait()
+    assert paths == ["chunks"]
+    assert (dest_dir / "old").read_bytes() == data
+
+
+def test_open_stream_authenticates_before_any_lookup(holder: Holder) -> None:
+    object_id = holder.put_bytes(os.urandom(STREAM_MIN_BYTES))
+    bad_version = ((tr.TOKEN_KEY, TOKEN), (tr.VERSION_KEY, str(PROTOCOL_VERSION + 1)))
+    with grpc.insecure_channel(holder.address) as chan:
+        for metadata, code in (((), grpc.StatusCode.UNAUTHENTICATED),
+                               (((tr.TOKEN_KEY, "nope"), (tr.VERSION_KEY, str(PROTOCOL_VERSION))),
+                                grpc.StatusCode.UNAUTHENTICATED),
+                               (bad_version, grpc.StatusCode.FAILED_PRECONDITION)):
+            with pytest.raises(grpc.RpcError) as info:
+                _open_stream(chan, object_id, metadata)
+            assert info.value.code() == code
+        with pytest.raises(grpc.RpcError) as info:
+            _open_stream(chan, os.urandom(20))
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    assert len(holder.located) == 1  # only the authenticated call looked anything up
+
+
+def test_stub_client_can_use_the_side_stream(holder: Holder, channel: grpc.Channel) -> None:
+    data = os.urandom(STREAM_MIN_BYTES + 17)
+    object_id = holder.put_bytes(data)
+    ticket = _open_stream(channel, object_id)
+    assert (len(ticket.ticket), ticket.total_size) == (tr.TICKET_BYTES, len(data))
+    assert _redeem(ticket.port, ticket.ticket) == data
+    assert holder.served == [(object_id, b"")]  # recorded before the connection closed
+
+
+def test_forged_ticket_gets_nothing(holder: Holder, channel: grpc.Channel,
+                                    caplog: pytest.LogCaptureFixture) -> None:
+    object_id = holder.put_bytes(os.urandom(STREAM_MIN_BYTES))
+    port = _open_stream(channel, object_id).port
+    before = _fds()  # the real ticket holds one descriptor, counted here
+    assert _redeem(port, os.urandom(tr.TICKET_BYTES)) == b""
+    assert _object_fds(holder) == 1  # the real ticket's, untouched
+    assert _no_fd_leak(before)
+    assert "ticket unknown" in caplog.text
+    assert holder.served == []
+
+
+def test_reused_ticket_gets_nothing(holder: Holder, channel: grpc.Channel,
+                                    caplog: pytest.LogCaptureFixture) -> None:
+    data = os.urandom(STREAM_MIN_BYTES + 1)
+    object_id = holder.put_bytes(data)
+    before = _fds()
+    ticket = _open_stream(channel, object_id)
+    assert _object_fds(holder) == 1  # the open object file, owned by the ticket
+    assert _redeem(ticket.port, ticket.ticket) == data
+    assert _object_fds(holder) == 0  # closed before the connection was
+    assert _redeem(ticket.port, ticket.ticket) == b""
+    assert _no_fd_leak(before)
+    assert "ticket already used" in caplog.text
+    assert holder.served == [(object_id, b"")]
+
+
+def test_expired_ticket_gets_nothing(holder: Holder, channel: grpc.Channel,
+                                     caplog: pytest.LogCaptureFixture) -> None:
+    holder.server.ticket_ttl = 0.2
+    object_id = holder.put_bytes(os.urandom(STREAM_MIN_BYTES))
+    before = _fds()
+    ticket = _open_stream(channel, object_id)
+    time.sleep(0.4)
+    assert _redeem(ticket.port, ticket.ticket) == b""
+    assert _object_fds(holder) == 0
+    assert _no_fd_leak(before)
+    assert "ticket expired" in caplog.text
+    assert holder.served == []
+
+
+def test_unused_ticket_closes_its_descriptor_when_it_expires(holder: Holder,
+                                                             channel: grpc.Channel) -> None:
+    holder.server.ticket_ttl = 0.2
+    object_id = holder.put_bytes(os.urandom(STREAM_MIN_BYTES))
+    before = _fds()
+    _open_stream(channel, object_id)
+    assert _object_fds(holder) == 1
+    deadline = time.monotonic() + 5  # the listener sweeps at least once a second
+    while _object_fds(holder) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _object_fds(holder) == 0
+    assert _no_fd_leak(before)
+
+
+def test_stop_closes_the_side_port_and_pending_tickets(holder: Holder,
+                                                       channel: grpc.Channel) -> None:
+    object_id = holder.put_bytes(os.urandom(STREAM_MIN_BYTES))
+    before = _fds()
+    ticket = _open_stream(channel, object_id)
+    assert _object_fds(holder) == 1
+    holder.server.stop(0)
+    assert _object_fds(holder) == 0  # the pending ticket's file is closed
+    assert _no_fd_leak(before)
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", ticket.port), timeout=5)
+
+
+def test_connection_without_ticket_is_closed_after_the_wait(
+        holder: Holder, caplog: pytest.LogCaptureFixture) -> None:
+    holder.server.ticket_wait = 0.3
+    port = holder.server.stream_port
+    before = _fds()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(b"x" * (tr.TICKET_BYTES - 1))  # one byte short, then silence
+        started = time.monotonic()
+        assert conn.recv(1) == b""
+        waited = time.monotonic() - started
+    assert 0.2 < waited < 3.0
+    assert _no_fd_leak(before)
+    assert "no ticket within 0.3s (31 of 32 bytes)" in caplog.text
+
+
+def test_refused_ticket_is_a_system_error(holder: Holder, dest_dir: Path) -> None:
+    holder.server.ticket_ttl = 0.0  # expired on arrival
+    object_id = holder.put_bytes(os.urandom(STREAM_MIN_BYTES))
+    with pytest.raises(RtmlSystemError, match="without sending anything") as info:
+        pull(holder.address, TOKEN, object_id, str(dest_dir / "x"))
+    assert holder.address in str(info.value) and object_id.hex() in str(info.value)
+    assert os.listdir(dest_dir) == []
+    assert holder.served == []
+
+
+def test_holder_stopping_mid_transfer(holder: Holder, dest_dir: Path,
+                                      monkeypatch: pytest.MonkeyPatch, receiver: str) -> None:
+    object_id = holder.put_bytes(os.urandom(48 * 1024 * 1024))  # far more than socket buffers
+    original = tr._RECEIVERS[receiver]
+
+    def stop_then_receive(conn: socket.socket, fd: int, total: int, job: Any) -> int:
+        select.select([conn], [], [], 10)  # the first bytes are here: the holder is sending
+        holder.server.stop(0)  # cuts the stream its thread is blocked in
+        return original(conn, fd, total, job)
+
+    monkeypatch.setitem(tr._RECEIVERS, receiver, stop_then_receive)
+    dest = dest_dir / "cut"
+    # The holder's side ends with a FIN (a short read) or, at times, a reset.
+    with pytest.raises(RtmlSystemError,
+                       match=r"closed the side stream .* after \d+ of|side stream .* failed .*"
+                             "Connection reset") as info:
+        pull(holder.address, TOKEN, object_id, str(dest))
+    message = str(info.value)
+    assert holder.address in message and object_id.hex() in message
+    assert os.listdir(dest_dir) == []  # neither dest nor the temporary file
+    assert holder.served == []
+
+
+def test_object_shrinking_before_the_side_stream_is_cut_short(
+        holder: Holder, dest_dir: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    object_id = holder.put_bytes(os.urandom(STREAM_MIN_BYTES + 100))
+    original = tr._connect
+
+    def truncate_then_connect(job: Any, ticket: Any) -> socket.socket:
+        os.truncate(holder.path(object_id), 1000)  # the open descriptor sees it too
+        return original(job, ticket)
+
+    monkeypatch.setattr(tr, "_connect", truncate_then_connect)
+    with pytest.raises(RtmlSystemError, match=f"after 1000 of {STREAM_MIN_BYTES + 100} bytes"):
+        pull(holder.address, TOKEN, object_id, str(dest_dir / "short"))
+    assert os.listdir(dest_dir) == []
+    assert holder.served == []
+    assert f"object {object_id.hex()} shrank" in caplog.text
+
+
+def test_side_stream_that_stalls_times_out(holder: Holder, dest_dir: Path,
+                                           receiver: str) -> None:
+    object_id = holder.put_bytes(os.urandom(STREAM_MIN_BYTES))
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts (backlog), never sends
+        holder.server.stream_port = silent.getsockname()[1]
+        started = time.monotonic()
+        with pytest.raises(RtmlSystemError, match="took longer than 0.5s on its side stream"):
+            pull(holder.address, TOKEN, object_id, str(dest_dir / "slow"), timeout=0.5)
+    assert time.monotonic() - started < 5.0
+    assert os.listdir(dest_dir) == []
+
+
+def test_unreachable_side_port_is_a_system_error(holder: Holder, dest_dir: Path) -> None:
+    object_id = holder.put_bytes(os.urandom(STREAM_MIN_BYTES))
+    holder.server.stream_port = _free_port()  # nothing listens there
+    with pytest.raises(RtmlSystemError, match="its side stream .* failed") as info:
+        pull(holder.address, TOKEN, object_id, str(dest_dir / "x"))
+    assert holder.address in str(info.value)
+    assert os.listdir(dest_dir) == []
+
+
+def test_concurrent_large_pulls_of_one_object(holder: Holder, dest_dir: Path,
+                                              paths: list[str], receiver: str) -> None:
+    data = os.urandom(STREAM_MIN_BYTES + CHUNK_BYTES + 3)
+    object_id = holder.put_bytes(data)
+    sizes: dict[int, int] = {}
+    errors: list[BaseException] = []
+
+    def fetch(i: int) -> None:
+        try:
+            sizes[i] = pull(holder.address, TOKEN, object_id, str(dest_dir / f"copy{i}"),
+                            requester_node=b"node-%d" % i)
+        except BaseException as exc:  # noqa: BLE001 - reported by the assert below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=fetch, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    assert sizes == {i: len(data) for i in range(6)}
+    for i in range(6):
+        assert (dest_dir / f"copy{i}").read_bytes() == data
+    assert paths == ["stream"] * 6
+    assert sorted(holder.served) == sorted((object_id, b"node-%d" % i) for i in range(6))
+    assert _leftovers(dest_dir) == []
+
+
+def test_concurrent_large_pulls_into_one_dest(holder: Holder, dest_dir: Path) -> None:
+    data = os.urandom(STREAM_MIN_BYTES + 1)
+    object_id = holder.put_bytes(data)
+    dest = dest_dir / "shared"
+    results: list[int] = []
+    threads = [threading.Thread(
+        target=lambda: results.append(pull(holder.address, TOKEN, object_id, str(dest))))
+        for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert results == [len(data)] * 4
+    assert dest.read_bytes() == data
+    assert os.listdir(dest_dir) == ["shared"]
+
+
+def test_on_served_once_per_completed_pull(holder: Holder, dest_dir: Path) -> None:
+    large = holder.put_bytes(os.urandom(STREAM_MIN_BYTES))
+    small = holder.put_bytes(b"tiny")
+    for name, object_id, node in (("a", large, b"n1"), ("b", large, b"n2"), ("c", small, b"n3")):
+        pull(holder.address, TOKEN, object_id, str(dest_dir / name), requester_node=node)
+    pull(holder.address, TOKEN, large, str(dest_dir / "a"), requester_node=b"n4")  # exists
+    assert holder.served == [(large, b"n1"), (large, b"n2"), (small, b"n3")]

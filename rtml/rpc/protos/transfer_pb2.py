@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ertml/rpc/protos/transfer.proto\x12\rrtml.transfer\"8\n\x0bPullRequest\x12\x11\n\tobject_id\x18\x01 \x01(\x0c\x12\x16\n\x0erequester_node\x18\x02 \x01(\x0c\"9\n\x05\x43hunk\x12\x12\n\ntotal_size\x18\x01 \x01(\x04\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x32L\n\x0eObjectTransfer\x12:\n\x04Pull\x12\x1a.rtml.transfer.PullRequest\x1a\x14.rtml.transfer.Chunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ertml/rpc/protos/transfer.proto\x12\rrtml.transfer\"8\n\x0bPullRequest\x12\x11\n\tobject_id\x18\x01 \x01(\x0c\x12\x16\n\x0erequester_node\x18\x02 \x01(\x0c\"9\n\x05\x43hunk\x12\x12\n\ntotal_size\x18\x01 \x01(\x04\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"@\n\x0cStreamTicket\x12\x0e\n\x06ticket\x18\x01 \x01(\x0c\x12\x0c\n\x04port\x18\x02 \x01(\r\x12\x12\n\ntotal_size\x18\x03 \x01(\x04\x32\x93\x01\n\x0eObjectTransfer\x12:\n\x04Pull\x12\x1a.rtml.transfer.PullRequest\x1a\x14.rtml.transfer.Chunk0\x01\x12\x45\n\nOpenStream\x12\x1a.rtml.transfer.PullRequest\x1a\x1b.rtml.transfer.StreamTicketb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,6 +35,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PULLREQUEST']._serialized_end=105
   _globals['_CHUNK']._serialized_start=107
   _globals['_CHUNK']._serialized_end=164
-  _globals['_OBJECTTRANSFER']._serialized_start=166
-  _globals['_OBJECTTRANSFER']._serialized_end=242
+  _globals['_STREAMTICKET']._serialized_start=166
+  _globals['_STREAMTICKET']._serialized_end=230
+  _globals['_OBJECTTRANSFER']._serialized_start=233
+  _globals['_OBJECTTRANSFER']._serialized_end=380
 # @@protoc_insertion_point(module_scope)

@@ -21,3 +21,13 @@ class Chunk(_message.Message):
     offset: int
     data: bytes
     def __init__(self, total_size: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class StreamTicket(_message.Message):
+    __slots__ = ("ticket", "port", "total_size")
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ticket: bytes
+    port: int
+    total_size: int
+    def __init__(self, ticket: _Optional[bytes] = ..., port: _Optional[int] = ..., total_size: _Optional[int] = ...) -> None: ...

@@ -39,6 +39,11 @@ class ObjectTransferStub:
                 request_serializer=rtml_dot_rpc_dot_protos_dot_transfer__pb2.PullRequest.SerializeToString,
                 response_deserializer=rtml_dot_rpc_dot_protos_dot_transfer__pb2.Chunk.FromString,
                 _registered_method=True)
+        self.OpenStream = channel.unary_unary(
+                '/rtml.transfer.ObjectTransfer/OpenStream',
+                request_serializer=rtml_dot_rpc_dot_protos_dot_transfer__pb2.PullRequest.SerializeToString,
+                response_deserializer=rtml_dot_rpc_dot_protos_dot_transfer__pb2.StreamTicket.FromString,
+                _registered_method=True)
 
 
 class ObjectTransferServicer:
@@ -51,6 +56,18 @@ class ObjectTransferServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenStream(self, request, context):
+        """Open the object's file for a side stream: a plain TCP connection to `port`
+        on the holder's transfer host that sends the 32-byte `ticket` and then
+        receives exactly total_size bytes (the file), followed by the holder closing
+        the connection. The ticket is single-use and expires after ~30 s. Objects
+        smaller than the holder's side-stream threshold get no ticket (empty ticket,
+        port 0): pull those with Pull.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ObjectTransferServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -58,6 +75,11 @@ def add_ObjectTransferServicer_to_server(servicer, server):
                     servicer.Pull,
                     request_deserializer=rtml_dot_rpc_dot_protos_dot_transfer__pb2.PullRequest.FromString,
                     response_serializer=rtml_dot_rpc_dot_protos_dot_transfer__pb2.Chunk.SerializeToString,
+            ),
+            'OpenStream': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenStream,
+                    request_deserializer=rtml_dot_rpc_dot_protos_dot_transfer__pb2.PullRequest.FromString,
+                    response_serializer=rtml_dot_rpc_dot_protos_dot_transfer__pb2.StreamTicket.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -87,6 +109,33 @@ class ObjectTransfer:
             '/rtml.transfer.ObjectTransfer/Pull',
             rtml_dot_rpc_dot_protos_dot_transfer__pb2.PullRequest.SerializeToString,
             rtml_dot_rpc_dot_protos_dot_transfer__pb2.Chunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rtml.transfer.ObjectTransfer/OpenStream',
+            rtml_dot_rpc_dot_protos_dot_transfer__pb2.PullRequest.SerializeToString,
+            rtml_dot_rpc_dot_protos_dot_transfer__pb2.StreamTicket.FromString,
             options,
             channel_credentials,
             insecure,
