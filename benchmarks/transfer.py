@@ -38,7 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rtml.objectstore import read_segment, segment_path, transfer, write_segment  # noqa: E402
+from rtml.objectstore import read_segment, segment_path, transfer_stream, write_segment  # noqa: E402
 from rtml.objectstore.transfer import TransferServer, close_channels, pull  # noqa: E402
 
 MiB = 1024 * 1024
@@ -96,7 +96,7 @@ def _server_cpu(conn: Connection) -> float:
 
 def _pull_once(way: Way, object_id: bytes, dest: str) -> float:
     """One timed pull by ``way``; returns its rate in GB/s."""
-    transfer.STREAM_RECEIVER = way.receiver
+    transfer_stream.STREAM_RECEIVER = way.receiver
     start = time.perf_counter()
     size = pull(way.address, TOKEN, object_id, dest, requester_node=b"bench")
     rate = size / (time.perf_counter() - start) / 1e9
@@ -106,7 +106,7 @@ def _pull_once(way: Way, object_id: bytes, dest: str) -> float:
 
 def _warm_up(way: Way, object_id: bytes, dest: str, mb: int) -> None:
     """One untimed pull whose copy must read back as the original array."""
-    transfer.STREAM_RECEIVER = way.receiver
+    transfer_stream.STREAM_RECEIVER = way.receiver
     pull(way.address, TOKEN, object_id, dest)
     inband, buffers = read_segment(dest)
     if not np.array_equal(pickle.loads(inband, buffers=buffers), _array(mb)):

@@ -25,15 +25,15 @@ import pytest
 from rtml.exceptions import ObjectLostError, ProtocolError, RtmlSystemError
 from rtml.objectstore import read_segment, write_segment
 from rtml.objectstore import transfer as tr
+from rtml.objectstore import transfer_stream as ts
 from rtml.objectstore.transfer import (
     CHUNK_BYTES,
     STREAM_MIN_BYTES,
     TransferServer,
     close_channels,
-    decode_chunk,
-    encode_chunk,
     pull,
 )
+from rtml.objectstore.transfer_wire import decode_chunk, encode_chunk
 from rtml.rpc.messages import PROTOCOL_VERSION
 from rtml.rpc.protos import transfer_pb2, transfer_pb2_grpc
 
@@ -137,7 +137,8 @@ def _object_fds(holder: Holder) -> int:
 def paths(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The path each ``pull`` took, in order: "stream" (side stream) or "chunks" (Pull)."""
     taken: list[str] = []
-    for name, label in (("_receive_stream", "stream"), ("_receive_chunks", "chunks")):
+    # Both are patched where ``_receive`` looks them up: ``transfer``'s namespace.
+    for name, label in (("receive_stream", "stream"), ("_receive_chunks", "chunks")):
         original = getattr(tr, name)
 
         def spy(*args: Any, _original: Any = original, _label: str = label) -> Any:
@@ -151,7 +152,7 @@ def paths(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 @pytest.fixture(params=["splice", "mmap"])
 def receiver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Each side-stream receiver in turn (splice is the default where os.splice exists)."""
-    monkeypatch.setattr(tr, "STREAM_RECEIVER", request.param)
+    monkeypatch.setattr(ts, "STREAM_RECEIVER", request.param)
     return str(request.param)
 
 
@@ -580,7 +581,7 @@ def test_stub_client_can_use_the_side_stream(holder: Holder, channel: grpc.Chann
     data = os.urandom(STREAM_MIN_BYTES + 17)
     object_id = holder.put_bytes(data)
     ticket = _open_stream(channel, object_id)
-    assert (len(ticket.ticket), ticket.total_size) == (tr.TICKET_BYTES, len(data))
+    assert (len(ticket.ticket), ticket.total_size) == (ts.TICKET_BYTES, len(data))
     assert _redeem(ticket.port, ticket.ticket) == data
     assert holder.served == [(object_id, b"")]  # recorded before the connection closed
 
@@ -590,7 +591,7 @@ def test_forged_ticket_gets_nothing(holder: Holder, channel: grpc.Channel,
     object_id = holder.put_bytes(os.urandom(STREAM_MIN_BYTES))
     port = _open_stream(channel, object_id).port
     before = _fds()  # the real ticket holds one descriptor, counted here
-    assert _redeem(port, os.urandom(tr.TICKET_BYTES)) == b""
+    assert _redeem(port, os.urandom(ts.TICKET_BYTES)) == b""
     assert _object_fds(holder) == 1  # the real ticket's, untouched
     assert _no_fd_leak(before)
     assert "ticket unknown" in caplog.text
@@ -659,7 +660,7 @@ def test_connection_without_ticket_is_closed_after_the_wait(
     port = holder.server.stream_port
     before = _fds()
     with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
-        conn.sendall(b"x" * (tr.TICKET_BYTES - 1))  # one byte short, then silence
+        conn.sendall(b"x" * (ts.TICKET_BYTES - 1))  # one byte short, then silence
         started = time.monotonic()
         assert conn.recv(1) == b""
         waited = time.monotonic() - started
@@ -681,14 +682,14 @@ def test_refused_ticket_is_a_system_error(holder: Holder, dest_dir: Path) -> Non
 def test_holder_stopping_mid_transfer(holder: Holder, dest_dir: Path,
                                       monkeypatch: pytest.MonkeyPatch, receiver: str) -> None:
     object_id = holder.put_bytes(os.urandom(48 * 1024 * 1024))  # far more than socket buffers
-    original = tr._RECEIVERS[receiver]
+    original = ts._RECEIVERS[receiver]
 
     def stop_then_receive(conn: socket.socket, fd: int, total: int, job: Any) -> int:
         select.select([conn], [], [], 10)  # the first bytes are here: the holder is sending
         holder.server.stop(0)  # cuts the stream its thread is blocked in
         return original(conn, fd, total, job)
 
-    monkeypatch.setitem(tr._RECEIVERS, receiver, stop_then_receive)
+    monkeypatch.setitem(ts._RECEIVERS, receiver, stop_then_receive)
     dest = dest_dir / "cut"
     # The holder's side ends with a FIN (a short read) or, at times, a reset.
     with pytest.raises(RtmlSystemError,
@@ -705,13 +706,13 @@ def test_object_shrinking_before_the_side_stream_is_cut_short(
         holder: Holder, dest_dir: Path, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
     object_id = holder.put_bytes(os.urandom(STREAM_MIN_BYTES + 100))
-    original = tr._connect
+    original = ts._connect
 
     def truncate_then_connect(job: Any, ticket: Any) -> socket.socket:
         os.truncate(holder.path(object_id), 1000)  # the open descriptor sees it too
         return original(job, ticket)
 
-    monkeypatch.setattr(tr, "_connect", truncate_then_connect)
+    monkeypatch.setattr(ts, "_connect", truncate_then_connect)
     with pytest.raises(RtmlSystemError, match=f"after 1000 of {STREAM_MIN_BYTES + 100} bytes"):
         pull(holder.address, TOKEN, object_id, str(dest_dir / "short"))
     assert os.listdir(dest_dir) == []
