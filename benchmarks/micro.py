@@ -243,7 +243,7 @@ def bench_two_nodes(quick: bool) -> list[dict[str, Any]]:
         gets = []
         for _ in range(3 if quick else 7):
             ref = make.options(scheduling_strategy=pinned).remote(BIG_BYTES)
-            rtml.wait([ref])
+            rtml.wait([ref], fetch_local=False)  # made there, not yet pulled here
             t0 = now_ns()
             value = rtml.get(ref)
             gets.append(now_ns() - t0)

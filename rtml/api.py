@@ -208,7 +208,11 @@ def put(value: Any) -> ObjectRef:
 
 def wait(refs: list[ObjectRef], *, num_returns: int = 1, timeout: float | None = None,
          fetch_local: bool = True) -> tuple[list[ObjectRef], list[ObjectRef]]:
-    """Return ``(ready, not_ready)``: the first ``num_returns`` ready refs, in input order."""
+    """Return ``(ready, not_ready)``: the first ``num_returns`` ready refs, in input order.
+
+    With ``fetch_local`` (the default, as in Ray) a ref counts as ready once its value
+    is on this node: objects held by other nodes are pulled here meanwhile.
+    """
     rt = context.require_runtime()
     if isinstance(refs, ObjectRef) or not isinstance(refs, (list, tuple)):
         raise TypeError(f"wait() takes a list of ObjectRefs, got {type(refs).__name__}")
@@ -220,13 +224,13 @@ def wait(refs: list[ObjectRef], *, num_returns: int = 1, timeout: float | None =
     if not isinstance(num_returns, int) or not 1 <= num_returns <= len(ref_list):
         raise ValueError(f"num_returns must be between 1 and len(refs)={len(ref_list)}, "
                          f"got {num_returns!r}")
-    ready = _wait_ready(rt, ref_list, num_returns, timeout)
+    ready = _wait_ready(rt, ref_list, num_returns, timeout, fetch_local)
     chosen = set([r.id for r in ref_list if r.id in ready][:num_returns])
     return ([r for r in ref_list if r.id in chosen], [r for r in ref_list if r.id not in chosen])
 
 
 def _wait_ready(rt: ClientRuntime, refs: list[ObjectRef], num_returns: int,
-                timeout: float | None) -> set[bytes]:
+                timeout: float | None, fetch_local: bool) -> set[bytes]:
     ready: set[bytes] = set()
     cond = threading.Condition()
     cancels: list[Callable[[], None]] = []
@@ -237,7 +241,7 @@ def _wait_ready(rt: ClientRuntime, refs: list[ObjectRef], num_returns: int,
             cond.notify_all()
 
     for ref in refs:
-        cancels.append(rt.on_ready(ref, arrived))
+        cancels.append(rt.on_ready(ref, arrived, fetch_local))
     deadline = None if timeout is None else time.monotonic() + timeout
     with cond:
         blocked = len(ready) < num_returns and timeout != 0

@@ -440,15 +440,40 @@ class ClientRuntime:
             return False
         return os.path.exists(objectstore.segment_path(self.store_namespace, ref.id))
 
-    def on_ready(self, ref: ObjectRef, callback: Callable[[bytes], Any]) -> Callable[[], None]:
-        """Call ``callback(id)`` once ``ref`` is ready; returns a canceller."""
+    def on_ready(self, ref: ObjectRef, callback: Callable[[bytes], Any],
+                 fetch_local: bool = False) -> Callable[[], None]:
+        """Call ``callback(id)`` once ``ref`` is ready (with ``fetch_local``: once a copy
+        is on this node, pulling it here); returns a canceller."""
+        cancels: list[Callable[[], None]] = []
+
+        def arrived(object_id: bytes) -> None:
+            if fetch_local and self._elsewhere(ref):
+                cancels.append(self._await_here(ref, callback))
+            else:
+                callback(object_id)
+
+        def cancel_all() -> None:
+            for cancel in cancels:
+                cancel()
+
         with self.lock:
             if self.ready_now(ref):
-                callback(ref.id)
-                return lambda: None
+                arrived(ref.id)
+                return cancel_all
             if ref.owner == self.client_id and task_of(ref.id) in self.submitter.records:
-                self.store.add_waiter(ref.id, callback)
-                return lambda: self.store.remove_waiter(ref.id, callback)
+                self.store.add_waiter(ref.id, arrived)
+                cancels.append(lambda: self.store.remove_waiter(ref.id, arrived))
+                return cancel_all
+        return self._await_here(ref, callback)
+
+    def _elsewhere(self, ref: ObjectRef) -> bool:
+        """An owned result that lives only on another node so far."""
+        location = self.refs.locations.get(ref.id)
+        return bool(location) and location != self.node_id and not os.path.exists(
+            objectstore.segment_path(self.store_namespace, ref.id))
+
+    def _await_here(self, ref: ObjectRef, callback: Callable[[bytes], Any]) -> Callable[[], None]:
+        """Ask the node manager to make ``ref`` present here (pulling it if need be)."""
         req_id = self.next_request_id()
         self._replies[req_id] = lambda msg: callback(ref.id)
         self.nm.send(m.WaitObject(req_id, ref.id, ref.owner,

@@ -260,7 +260,7 @@ def first_byte(array: np.ndarray) -> int:
 def test_concurrent_reads_on_one_node_share_one_transfer(three_nodes) -> None:
     _, head, node2, _ = three_nodes
     ref = slow_array.options(scheduling_strategy=pinned(node2)).remote(0.0, 32 << 20)
-    rtml.wait([ref])
+    rtml.wait([ref], fetch_local=False)
     before = rtml.api._store_stats()["pulls_started"]
     readers = [first_byte.options(scheduling_strategy=pinned(head), num_cpus=0).remote(ref)
                for _ in range(3)]
@@ -283,3 +283,15 @@ def test_a_pulled_copy_is_recorded_as_a_second_location(three_nodes) -> None:
     assert record is not None
     assert sorted(record["locations"]) == sorted([head.node_id, node2.node_id])
     assert record["node_id"] == node2.node_id
+
+
+def test_wait_fetches_remote_objects_unless_told_not_to(three_nodes) -> None:
+    _, _, node2, _ = three_nodes
+    lazy = slow_array.options(scheduling_strategy=pinned(node2)).remote(0.0, 8 << 20)
+    ready, _ = rtml.wait([lazy], fetch_local=False, timeout=30)
+    assert ready == [lazy]
+    before = rtml.api._store_stats()["pulls_started"]
+    eager = slow_array.options(scheduling_strategy=pinned(node2)).remote(0.0, 8 << 20)
+    ready, _ = rtml.wait([eager], timeout=30)  # fetch_local=True: pulled to this node
+    assert ready == [eager]
+    assert rtml.api._store_stats()["pulls_started"] == before + 1
