@@ -11,9 +11,9 @@
     primary deleted here --> ObjectsFreed --> the nodes with copies drop them
     seal/spill/restore/copy/delete --> ObjectTableBatch --each heartbeat--> control plane
 
-The transfer server starts in a thread after the node is up (importing gRPC
-takes ~0.1 s, which ``rtml.init()`` should not wait for); its address reaches
-the other nodes through the head's node table.
+The transfer server starts in a thread once a second node exists (importing
+gRPC takes ~0.1 s of CPU, which a single-node ``rtml.init()`` should not pay);
+its address reaches the other nodes through the head's node table.
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ def test_a_task_on_a_killed_node_is_retried_on_another(two_nodes) -> None:
 def test_an_object_whose_only_copy_died_raises_object_lost(two_nodes) -> None:
     cluster, node2 = two_nodes
     ref = big_array.options(scheduling_strategy=pinned(node2)).remote(1 << 20)
-    ready, _ = rtml.wait([ref], timeout=30)
+    ready, _ = rtml.wait([ref], timeout=30, fetch_local=False)  # no copy here
     assert ready == [ref]
     cluster.remove_node(node2, allow_graceful=False)
     with pytest.raises(ObjectLostError, match=ref.hex()):
