@@ -295,3 +295,14 @@ def test_wait_fetches_remote_objects_unless_told_not_to(three_nodes) -> None:
     ready, _ = rtml.wait([eager], timeout=30)  # fetch_local=True: pulled to this node
     assert ready == [eager]
     assert rtml.api._store_stats()["pulls_started"] == before + 1
+
+
+def test_spilled_work_prefers_the_node_holding_its_large_argument(three_nodes) -> None:
+    _, head, node2, node3 = three_nodes
+    ref = big_array.options(scheduling_strategy=pinned(node3)).remote(8 << 20)
+    rtml.wait([ref], fetch_local=False)
+    blocker = sleepy_node.options(scheduling_strategy=pinned(head)).remote(2.0)
+    time.sleep(0.5)  # the head's only CPU is taken: the next task spills
+    # node2 has more free CPUs, but node3 holds the argument.
+    assert rtml.get(checksum.remote(ref), timeout=30)[2] == node3.node_id
+    rtml.get(blocker)
