@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import rtml.launchpad as lp
 
-LAUNCH_TYPES = ("local_mt", "local_mp", "rtml")
+try:  # imported as examples.launchpad.<name> (tests), or run as a script from its directory
+    from examples.launchpad.results import LAUNCH_TYPES, run_program, save
+except ImportError:
+    from results import LAUNCH_TYPES, run_program, save  # type: ignore[no-redef]
+
 
 
 class Greeter:
@@ -50,24 +52,9 @@ def make_program(result_dir: str, names: tuple[str, ...] = ("Ada", "Grace")) -> 
     return program
 
 
-def save(result_dir: str, name: str, value: Any) -> None:
-    """Save one node's result as ``<result_dir>/<name>.json``."""
-    Path(result_dir, f"{name}.json").write_text(json.dumps(value))
-
-
 def run(launch_type: str = "local_mt", timeout: float = 60.0, **options: Any) -> dict[str, Any]:
-    """Launch the program, wait for it to end, and return what its nodes saved.
-
-    Raises what a node raised, or TimeoutError if the program is still running
-    after ``timeout`` seconds (it is stopped first).
-    """
-    with tempfile.TemporaryDirectory() as result_dir:
-        handle = lp.launch(make_program(result_dir, **options), launch_type=launch_type)
-        if not handle.wait(timeout):
-            handle.stop()
-            handle.wait(handle.grace_period + 5)
-            raise TimeoutError(f"the program was still running after {timeout:g} s")
-        return {p.stem: json.loads(p.read_text()) for p in Path(result_dir).glob("*.json")}
+    """Launch the program, wait for it to end, and return what its nodes saved."""
+    return run_program(make_program, launch_type, timeout, **options)
 
 
 def main(argv: list[str] | None = None) -> None:
