@@ -113,28 +113,10 @@ class ControllerServer:
 
     def __init__(self, controller: Controller, host: str, token: str) -> None:
         self.controller = controller
-        self.token = token
-        self.listener = wire.listen(host)
-        self.address = wire.address_of(self.listener)
-        self._closed = False
-        self._conns: list[socket.socket] = []
-        threading.Thread(target=self._accept, name="lp-controller", daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                sock, _ = self.listener.accept()
-            except OSError:
-                return
-            self._conns.append(sock)
-            threading.Thread(target=self._serve, args=(sock,), daemon=True,
-                             name="lp-controller-conn").start()
+        self.acceptor = wire.Acceptor(host, token, self._serve, "the program's controller")
+        self.address = self.acceptor.address
 
     def _serve(self, sock: socket.socket) -> None:
-        if not wire.accept_hello(sock, self.token):
-            log.warning("refused a controller connection: wrong program token")
-            sock.close()
-            return
         lock = threading.Lock()
         try:
             while True:
@@ -160,12 +142,7 @@ class ControllerServer:
             wire.send_obj(sock, (req_id, *reply), lock)
 
     def close(self) -> None:
-        self._closed = True
-        self.listener.close()
-        for sock in self._conns:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
+        self.acceptor.close()
 
 
 _OPS = {"register", "unregister", "lookup", "request_stop", "finished", "failed"}

@@ -57,27 +57,10 @@ class CourierServer:
         self.token = token
         self.pool = concurrent.futures.ThreadPoolExecutor(threads, f"lp-{description[:20]}")
         self.wrap = wrap
-        self.listener = wire.listen(host)
-        self.address = wire.address_of(self.listener)
-        self._conns: list[socket.socket] = []
-        self._closed = False
-        threading.Thread(target=self._accept, name="lp-courier-accept", daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                sock, _ = self.listener.accept()
-            except OSError:
-                return
-            self._conns.append(sock)
-            threading.Thread(target=self._serve, args=(sock,), name="lp-courier-conn",
-                             daemon=True).start()
+        self.acceptor = wire.Acceptor(host, token, self._serve, description)
+        self.address = self.acceptor.address
 
     def _serve(self, sock: socket.socket) -> None:
-        if not wire.accept_hello(sock, self.token):
-            log.warning("%s refused a connection: wrong program token", self.description)
-            sock.close()
-            return
         lock = threading.Lock()
         try:
             while True:
@@ -106,12 +89,7 @@ class CourierServer:
                     wire.send_obj(sock, (req_id, False, error), lock)
 
     def close(self) -> None:
-        self._closed = True
-        self.listener.close()
-        for sock in self._conns:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
+        self.acceptor.close()
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 

@@ -7,13 +7,18 @@ it sent is unpickled. A frame is a 4-byte big-endian length and a cloudpickle.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
+import logging
 import socket
 import struct
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
+
+log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct(">I")
 MAX_FRAME = 1 << 30
@@ -89,3 +94,44 @@ def listen(host: str) -> socket.socket:
 def address_of(listener: socket.socket) -> str:
     host, port = listener.getsockname()[:2]
     return f"{host}:{port}"
+
+
+class Acceptor:
+    """A listening socket on ``host`` (a free port) whose connections must present
+    ``token``; each admitted one is handed to ``serve(sock)`` on its own thread."""
+
+    def __init__(self, host: str, token: str, serve: Callable[[socket.socket], None],
+                 name: str) -> None:
+        self.token, self.serve, self.name = token, serve, name
+        self.listener = listen(host)
+        self.address = address_of(self.listener)
+        self._conns: list[socket.socket] = []
+        self._closed = False
+        threading.Thread(target=self._accept, name=f"lp-{name[:20]}-accept",
+                         daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                sock, _ = self.listener.accept()
+            except OSError:
+                return
+            self._conns.append(sock)
+            threading.Thread(target=self._admit, args=(sock,), daemon=True,
+                             name=f"lp-{self.name[:20]}").start()
+
+    def _admit(self, sock: socket.socket) -> None:
+        if not accept_hello(sock, self.token):
+            log.warning("%s refused a connection: wrong program token", self.name)
+            sock.close()
+            return
+        self.serve(sock)
+
+    def close(self) -> None:
+        """Stop accepting and cut every connection."""
+        self._closed = True
+        self.listener.close()
+        for sock in self._conns:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()

@@ -136,7 +136,7 @@ def write_segment(path: str, inband: bytes, buffers: list) -> int:
             os.close(fd)
         os.link(tmp, path)
     finally:
-        _unlink_quietly(tmp)
+        unlink_quietly(tmp)
     return size
 
 
@@ -147,19 +147,21 @@ def _fill(fd: int, encoded: bytes, meta: _Meta, inband: memoryview,
     ``pwrite`` into tmpfs is about twice as fast as filling a fresh mapping,
     which takes a page fault per 4 KiB.
     """
-    _pwrite_all(fd, _HEADER.pack(MAGIC, VERSION, 0, len(encoded)) + encoded, 0)
-    _pwrite_all(fd, inband, meta.inband_offset)
+    pwrite_all(fd, _HEADER.pack(MAGIC, VERSION, 0, len(encoded)) + encoded, 0)
+    pwrite_all(fd, inband, meta.inband_offset)
     for (offset, _length), view in zip(meta.buffers, views, strict=True):
-        _pwrite_all(fd, view, offset)
+        pwrite_all(fd, view, offset)
 
 
-def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    """Write all of ``data`` at ``offset`` (pwrite may write less than asked)."""
     view = memoryview(data).cast("B")
     done = 0
     while done < len(view):
         done += os.pwrite(fd, view[done:], offset + done)
 
-def _unlink_quietly(path: str) -> None:
+def unlink_quietly(path: str) -> None:
+    """Remove ``path`` if it exists."""
     try:
         os.unlink(path)
     except FileNotFoundError:
@@ -236,7 +238,7 @@ def copy_file(src: str, dst: str) -> None:
             os.close(dst_fd)
         os.replace(tmp, dst)
     except BaseException:
-        _unlink_quietly(tmp)
+        unlink_quietly(tmp)
         raise
     finally:
         os.close(src_fd)

@@ -70,6 +70,7 @@ from typing import Any, NamedTuple, NoReturn
 import grpc
 
 from rtml.exceptions import ObjectLostError, RtmlSystemError
+from rtml.objectstore.segment import pwrite_all, unlink_quietly
 from rtml.objectstore.transfer_stream import (
     MAX_TICKETS,
     PullJob,
@@ -371,7 +372,7 @@ def pull(address: str, token: str, object_id: bytes, dest_path: str,
             os.close(fd)
         _link_into_place(tmp, dest_path)
     finally:
-        _unlink_quietly(tmp)
+        unlink_quietly(tmp)
     logger.debug("pulled object %s (%d bytes) from %s in %.3fs", object_id.hex(), size,
                  address, time.perf_counter() - started)
     return size
@@ -406,7 +407,7 @@ def _receive_chunks(job: PullJob, fd: int) -> int:
                 if total:  # fail now, not after the transfer, if the store is full
                     os.posix_fallocate(fd, 0, total)
             _check_chunk(chunk, received, total, job.address)
-            _pwrite_all(fd, chunk.data, chunk.offset)
+            pwrite_all(fd, chunk.data, chunk.offset)
             received += len(chunk.data)
     except grpc.RpcError as exc:
         raise _translate(exc, job) from None
@@ -458,17 +459,4 @@ def _link_into_place(tmp: str, dest_path: str) -> None:
     try:
         os.link(tmp, dest_path)
     except FileExistsError:  # a concurrent pull of the same object finished first
-        pass
-
-
-def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
-    done = 0
-    while done < len(data):
-        done += os.pwrite(fd, data[done:], offset + done)
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
         pass
