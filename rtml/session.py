@@ -14,10 +14,13 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from rtml.daemon import pid_alive
 
 DEFAULT_SESSION_DIR = "/tmp/rtml/session_latest"
 
@@ -95,10 +98,35 @@ def default_session_dir() -> str:
     return os.environ.get("RTML_SESSION_DIR", DEFAULT_SESSION_DIR)
 
 
+KEEP_ENDED_SESSIONS = 5
+"""Session directories of ended embedded clusters kept for their logs; older ones go."""
+
+
 def fresh_session_dir() -> str:
-    """A new unique session directory for an embedded cluster."""
+    """A new unique session directory for an embedded cluster (named after this pid).
+
+    Directories of earlier embedded clusters whose process has exited are removed,
+    but for the KEEP_ENDED_SESSIONS most recent (their logs may be wanted).
+    """
     # Not /tmp/rtml: a directory named like the package would shadow it for any
     # script run from /tmp (an implicit namespace package).
     base = Path(tempfile.gettempdir()) / "rtml-sessions"
     base.mkdir(parents=True, exist_ok=True)
-    return tempfile.mkdtemp(prefix="session_", dir=base)
+    prune_ended_sessions(base)
+    return tempfile.mkdtemp(prefix=f"session_{os.getpid()}_", dir=base)
+
+
+def prune_ended_sessions(base: Path, keep: int = KEEP_ENDED_SESSIONS) -> None:
+    """Remove the directories of ended sessions under ``base``, newest ``keep`` spared."""
+    ended = []
+    for path in base.glob("session_*"):
+        pid = path.name.split("_")[1]
+        try:
+            if pid.isdigit() and pid_alive(int(pid)):
+                continue
+            ended.append((path.stat().st_mtime, path))
+        except OSError:
+            continue
+    for _, path in sorted(ended, reverse=True)[keep:]:
+        shutil.rmtree(path, ignore_errors=True)
+
