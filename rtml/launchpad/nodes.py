@@ -103,6 +103,11 @@ class Node:
         self.label = ""
         self.index: int | str = 0
         self.program: Program | None = None
+        self.should_run = True
+
+    def disable_run(self) -> None:
+        """Do not call the object's ``run()`` (a CourierNode then just serves)."""
+        self.should_run = False
 
     @property
     def description(self) -> str:
@@ -150,7 +155,7 @@ class PyClassNode(Node):
     def execute(self, context: ctx.NodeContext) -> None:
         instance = self._construct()
         run = getattr(instance, "run", None)
-        if callable(run):
+        if callable(run) and self.should_run:
             run()
 
 
@@ -179,7 +184,7 @@ class CourierNode(Node):
         context.controller.register(self.uid, server.address)
         try:
             run = getattr(instance, "run", None)
-            if callable(run):
+            if callable(run) and self.should_run:
                 _run_in_thread(context, run, f"lp-run-{self.label}")
             else:
                 context.stop_event.wait()
@@ -207,11 +212,16 @@ def _run_in_thread(context: ctx.NodeContext, fn: Callable[[], Any], name: str) -
 
 
 class MultiThreadingColocation(Node):
-    """Runs several nodes as threads of one process; each keeps its own handle."""
+    """Runs several nodes as threads of one process; each keeps its own handle.
 
-    def __init__(self, nodes: list[Node]) -> None:
+    It ends when all its nodes have (or, with ``return_on_first_completed``, when
+    the first has), or raises the first node's error.
+    """
+
+    def __init__(self, nodes: list[Node], return_on_first_completed: bool = False) -> None:
         super().__init__(_colocated)
         self.nodes = list(nodes)
+        self.return_on_first_completed = return_on_first_completed
 
     @property
     def description(self) -> str:
@@ -222,7 +232,7 @@ class MultiThreadingColocation(Node):
         return [self, *self.nodes]
 
     def execute(self, context: ctx.NodeContext) -> None:
-        """Run every node in its own thread; end when all have, or raise the first error."""
+        """Run every node in its own thread; end as the class docstring says."""
         changed = threading.Condition()
         errors: list[BaseException] = []
         running = [len(self.nodes)]
@@ -240,8 +250,9 @@ class MultiThreadingColocation(Node):
 
             threading.Thread(target=ctx.run_in_context(inner, body), daemon=True,
                              name=f"lp-{node.label}").start()
+        enough = 1 if self.return_on_first_completed else len(self.nodes)
         with changed:
-            changed.wait_for(lambda: errors or not running[0])
+            changed.wait_for(lambda: errors or len(self.nodes) - running[0] >= enough)
         if errors:
             raise errors[0]
 

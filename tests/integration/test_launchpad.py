@@ -439,3 +439,40 @@ def test_a_node_process_exits_when_its_launcher_dies(tmp_path: Path) -> None:
         time.sleep(0.1)
     os.kill(node_pid, signal.SIGKILL)
     raise AssertionError("the node process outlived its launcher")
+
+
+class Runner:
+    def __init__(self, out: str) -> None:
+        self.out = out
+
+    def run(self) -> None:
+        Path(self.out).write_text("ran")
+
+    def ping(self, x: Any) -> Any:
+        return x
+
+
+def ping_then_stop(server: Any) -> None:
+    assert server.ping(5) == 5
+    lp.stop()
+
+
+def test_disable_run_serves_without_running(tmp_path: Path) -> None:
+    out = tmp_path / "ran"
+    program = lp.Program("disabled")
+    node = lp.CourierNode(Runner, str(out))
+    node.disable_run()  # it only serves
+    handle = program.add_node(node, label="server")
+    program.add_node(lp.PyNode(ping_then_stop, handle), label="client")
+    assert lp.launch(program, launch_type="local_mt").wait(WAIT_S)
+    assert not out.exists()
+
+
+def test_a_colocation_can_end_with_its_first_node() -> None:
+    program = lp.Program("first")
+    program.add_node(lp.MultiThreadingColocation(
+        [lp.PyNode(time.sleep, 0.1), lp.PyNode(lp.wait_for_stop)],
+        return_on_first_completed=True), label="pair")
+    started = time.monotonic()
+    assert lp.launch(program, launch_type="local_mt", grace_period=0.5).wait(WAIT_S)
+    assert time.monotonic() - started < 10
