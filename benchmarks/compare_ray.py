@@ -38,8 +38,10 @@ from micro import (  # noqa: E402
     ACTOR_ASYNC,
     ACTOR_SYNC,
     BIG_BYTES,
+    FREE_SETTLE_S,
     GET_BIG,
     GET_CALLS,
+    NODE_STORE_BYTES,
     PUT_CALLS,
     PUT_GB,
     REMOTE_NODE,
@@ -218,8 +220,9 @@ def bench_two_nodes(engine: Any, engine_name: str, quick: bool) -> list[dict[str
     else:
         from rtml.testing import Cluster  # type: ignore[assignment]
         Pin = engine.NodeAffinitySchedulingStrategy
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    node2 = cluster.add_node(num_cpus=1)
+    store = {"object_store_memory": NODE_STORE_BYTES}  # the same 1 GiB stores for both
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, **store})
+    node2 = cluster.add_node(num_cpus=1, **store)
     if engine_name == "ray":
         engine.init(address=cluster.address)
         cluster.wait_for_nodes()
@@ -244,6 +247,7 @@ def bench_two_nodes(engine: Any, engine_name: str, quick: bool) -> list[dict[str
         for _ in range(3 if quick else 7):
             ref = make.options(scheduling_strategy=pin).remote(BIG_BYTES)
             engine.wait([ref], fetch_local=False)  # made there, not yet pulled here
+            time.sleep(FREE_SETTLE_S)
             t0 = now_ns()
             value = engine.get(ref)
             gets.append(now_ns() - t0)

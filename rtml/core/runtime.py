@@ -444,11 +444,14 @@ class ClientRuntime:
                  fetch_local: bool = False) -> Callable[[], None]:
         """Call ``callback(id)`` once ``ref`` is ready (with ``fetch_local``: once a copy
         is on this node, pulling it here); returns a canceller."""
+        # The closures below hold the id, never the ObjectRef: a ref kept alive by a
+        # closure (they form a cycle through ``cancels``) would keep its object alive.
+        object_id, owner = ref.id, ref.owner
         cancels: list[Callable[[], None]] = []
 
-        def arrived(object_id: bytes) -> None:
-            if fetch_local and self._elsewhere(ref):
-                cancels.append(self._await_here(ref, callback))
+        def arrived(_: bytes) -> None:
+            if fetch_local and self._elsewhere(object_id):
+                cancels.append(self._await_here(object_id, owner, callback))
             else:
                 callback(object_id)
 
@@ -458,26 +461,27 @@ class ClientRuntime:
 
         with self.lock:
             if self.ready_now(ref):
-                arrived(ref.id)
+                arrived(object_id)
                 return cancel_all
-            if ref.owner == self.client_id and task_of(ref.id) in self.submitter.records:
-                self.store.add_waiter(ref.id, arrived)
-                cancels.append(lambda: self.store.remove_waiter(ref.id, arrived))
+            if owner == self.client_id and task_of(object_id) in self.submitter.records:
+                self.store.add_waiter(object_id, arrived)
+                cancels.append(lambda: self.store.remove_waiter(object_id, arrived))
                 return cancel_all
-        return self._await_here(ref, callback)
+        return self._await_here(object_id, owner, callback)
 
-    def _elsewhere(self, ref: ObjectRef) -> bool:
+    def _elsewhere(self, object_id: bytes) -> bool:
         """An owned result that lives only on another node so far."""
-        location = self.refs.locations.get(ref.id)
+        location = self.refs.locations.get(object_id)
         return bool(location) and location != self.node_id and not os.path.exists(
-            objectstore.segment_path(self.store_namespace, ref.id))
+            objectstore.segment_path(self.store_namespace, object_id))
 
-    def _await_here(self, ref: ObjectRef, callback: Callable[[bytes], Any]) -> Callable[[], None]:
-        """Ask the node manager to make ``ref`` present here (pulling it if need be)."""
+    def _await_here(self, object_id: bytes, owner: bytes,
+                    callback: Callable[[bytes], Any]) -> Callable[[], None]:
+        """Ask the node manager to make the object present here (pulling it if need be)."""
         req_id = self.next_request_id()
-        self._replies[req_id] = lambda msg: callback(ref.id)
-        self.nm.send(m.WaitObject(req_id, ref.id, ref.owner,
-                                  self.refs.locations.get(ref.id, b"")))
+        self._replies[req_id] = lambda msg: callback(object_id)
+        self.nm.send(m.WaitObject(req_id, object_id, owner,
+                                  self.refs.locations.get(object_id, b"")))
         return lambda: self._forget_reply(req_id)
 
     def _forget_reply(self, req_id: int) -> None:

@@ -311,3 +311,24 @@ def test_spilled_work_prefers_the_node_holding_its_large_argument(three_nodes) -
     # node2 has more free CPUs, but node3 holds the argument.
     assert rtml.get(checksum.remote(ref), timeout=30)[2] == node3.node_id
     rtml.get(blocker)
+
+
+def test_a_waited_remote_result_is_freed_on_both_nodes_when_dropped(three_nodes) -> None:
+    import gc
+    import os
+
+    _, head, node2, _ = three_nodes
+    gc.disable()  # freeing must not wait for the cyclic garbage collector
+    try:
+        ref = slow_array.options(scheduling_strategy=pinned(node2)).remote(0.2, 2 << 20)
+        rtml.wait([ref], timeout=30)  # pulls a copy here too
+        assert rtml.get(ref).nbytes == 2 << 20
+        files = [f"/dev/shm/rtml-{node.node_id[:12]}-{ref.hex()}" for node in (head, node2)]
+        assert all(os.path.exists(f) for f in files)
+        del ref
+        deadline = time.monotonic() + 10
+        while any(os.path.exists(f) for f in files) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(os.path.exists(f) for f in files)
+    finally:
+        gc.enable()
