@@ -139,8 +139,9 @@ class ClientRuntime:
         for conn in self.remote_nms.values():
             conn.on_close = None
             conn.close("shutdown")
-        self.writer.close()
-        self.plane.close()
+        for part in ("writer", "plane"):  # absent if connect() failed before the head answered
+            if hasattr(self, part):
+                getattr(self, part).close()
         self.reactor.stop()
         self.reactor.close()
 

@@ -107,3 +107,17 @@ def test_remote_function_direct_call_is_type_error_without_a_cluster() -> None:
 
 def test_not_initialized_by_default_in_unit_tests() -> None:
     assert rtml.is_initialized() is False
+
+
+def test_a_failed_connect_reports_its_own_error_and_closes_cleanly(tmp_path) -> None:
+    import pytest
+
+    from rtml.core.runtime import ClientConfig, ClientRuntime
+    from rtml.exceptions import RtmlSystemError
+
+    rt = ClientRuntime(ClientConfig("driver", "t" * 32, f"unix:{tmp_path}/no-such.sock",
+                                    "127.0.0.1:9", str(tmp_path)))
+    with pytest.raises(RtmlSystemError, match="cannot connect"):
+        rt.connect()
+    rt.close()  # must not hide the error above behind an AttributeError
+    assert rt.closed
