@@ -38,16 +38,15 @@ from micro import (  # noqa: E402
     ACTOR_ASYNC,
     ACTOR_SYNC,
     BIG_BYTES,
-    FREE_SETTLE_S,
     GET_BIG,
     GET_CALLS,
-    NODE_STORE_BYTES,
     PUT_CALLS,
     PUT_GB,
     REMOTE_NODE,
     TASKS_ASYNC,
     TASKS_SYNC,
     TRANSFER,
+    bench_two_nodes,
     latency_row,
     now_ns,
     rate_row,
@@ -207,58 +206,6 @@ def bench(engine: Any, engine_name: str, quick: bool) -> list[dict[str, Any]]:
         engine.shutdown()
     rows += bench_two_nodes(engine, engine_name, quick)
     return rows
-
-
-def bench_two_nodes(engine: Any, engine_name: str, quick: bool) -> list[dict[str, Any]]:
-    """Remote task round trip and 100 MB transfer on each engine's own two-node Cluster
-    helper (rtml.testing.Cluster / ray.cluster_utils.Cluster), both on this machine."""
-    import numpy as np
-
-    if engine_name == "ray":
-        from ray.cluster_utils import Cluster
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy as Pin
-    else:
-        from rtml.testing import Cluster  # type: ignore[assignment]
-        Pin = engine.NodeAffinitySchedulingStrategy
-    store = {"object_store_memory": NODE_STORE_BYTES}  # the same 1 GiB stores for both
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, **store})
-    node2 = cluster.add_node(num_cpus=1, **store)
-    if engine_name == "ray":
-        engine.init(address=cluster.address)
-        cluster.wait_for_nodes()
-    else:
-        cluster.connect()
-    try:
-        pin = Pin(node2.node_id, soft=False)
-
-        @engine.remote
-        def noop() -> None:
-            return None
-
-        @engine.remote
-        def make(n: int) -> Any:
-            return np.ones(n, dtype=np.uint8)
-
-        remote_noop = noop.options(scheduling_strategy=pin)
-        n_sync = 300 if quick else 2000
-        rows = [latency_row(REMOTE_NODE, time_each(lambda: engine.get(remote_noop.remote()),
-                                                   n_sync, warmup=200))]
-        gets = []
-        for _ in range(3 if quick else 7):
-            ref = make.options(scheduling_strategy=pin).remote(BIG_BYTES)
-            engine.wait([ref], fetch_local=False)  # made there, not yet pulled here
-            time.sleep(FREE_SETTLE_S)
-            t0 = now_ns()
-            value = engine.get(ref)
-            gets.append(now_ns() - t0)
-            assert value.nbytes == BIG_BYTES
-            del value, ref
-        gets.sort()
-        rows.append(rate_row(TRANSFER, BIG_BYTES / 1e9 / (gets[len(gets) // 2] / 1e9), "GB/s"))
-        return rows
-    finally:
-        engine.shutdown()
-        cluster.shutdown()
 
 
 def child_main(engine_name: str, quick: bool) -> int:

@@ -218,52 +218,65 @@ def na_row(name: str, kind: str, unit: str) -> dict[str, Any]:
             "note": "n/a with --address: measured on a two-node rtml.testing.Cluster"}
 
 
-def bench_two_nodes(quick: bool) -> list[dict[str, Any]]:
-    """Remote task round trip and 100 MB transfer on a two-node Cluster on this machine."""
+def bench_two_nodes(engine: Any, engine_name: str, quick: bool) -> list[dict[str, Any]]:
+    """Remote task round trip and 100 MB transfer on a two-node cluster on this machine.
+
+    ``engine`` is the ``rtml`` or ``ray`` module; each engine's own helper makes the
+    cluster (``rtml.testing.Cluster`` / ``ray.cluster_utils.Cluster``), so compare_ray.py
+    runs this same body on both.
+    """
     import numpy as np
 
-    import rtml
-    from rtml.testing import Cluster
-
+    if engine_name == "ray":
+        from ray.cluster_utils import Cluster
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy as Pin
+    else:
+        from rtml.testing import Cluster  # type: ignore[assignment]
+        Pin = engine.NodeAffinitySchedulingStrategy
     # Stores of 1 GiB (Cluster's test default is 256 MiB): room for a few 100 MB objects
     # in flight, so the transfer row measures transfers, not spilling.
     store = {"object_store_memory": NODE_STORE_BYTES}
-    cluster = Cluster(head_node_args={"num_cpus": 1, **store})
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, **store})
     node2 = cluster.add_node(num_cpus=1, **store)
-    cluster.connect()
+    if engine_name == "ray":
+        engine.init(address=cluster.address)
+        cluster.wait_for_nodes()
+    else:
+        cluster.connect()
     try:
-        pinned = rtml.NodeAffinitySchedulingStrategy(node2.node_id, soft=False)
+        pinned = Pin(node2.node_id, soft=False)
 
-        @rtml.remote
+        @engine.remote
         def noop() -> None:
             return None
 
-        @rtml.remote
+        @engine.remote
         def make(n: int) -> Any:
             return np.ones(n, dtype=np.uint8)
 
         remote_noop = noop.options(scheduling_strategy=pinned)
         n_sync = 300 if quick else 2000
-        s = time_each(lambda: rtml.get(remote_noop.remote()), n_sync, warmup=200)
-        rows = [latency_row(REMOTE_NODE, s, note="no-op pinned to a second node manager "
-                                                  "(TCP), one at a time")]
+        s = time_each(lambda: engine.get(remote_noop.remote()), n_sync, warmup=200)
+        rows = [latency_row(REMOTE_NODE, s, note="no-op pinned to a second node, one at a "
+                                                  "time")]
         gets = []
         for _ in range(3 if quick else 7):
             ref = make.options(scheduling_strategy=pinned).remote(BIG_BYTES)
-            rtml.wait([ref], fetch_local=False)  # made there, not yet pulled here
+            engine.wait([ref], fetch_local=False)  # made there, not yet pulled here
             time.sleep(FREE_SETTLE_S)
             t0 = now_ns()
-            value = rtml.get(ref)
+            value = engine.get(ref)
             gets.append(now_ns() - t0)
             assert value.nbytes == BIG_BYTES
             del value, ref
         gets.sort()
         median_s = gets[len(gets) // 2] / 1e9
         rows.append(rate_row(TRANSFER, BIG_BYTES / 1e9 / median_s, "GB/s",
-                             note=f"get on the head of 100 MB made on node 2 (gRPC pull), "
+                             note=f"get on the head of 100 MB made on node 2, "
                                   f"median of {len(gets)} ({median_s * 1e3:.0f} ms each)"))
         return rows
     finally:
+        engine.shutdown()
         cluster.shutdown()
 
 
@@ -391,7 +404,7 @@ def run(address: str | None, quick: bool) -> list[dict[str, Any]]:
         rtml.shutdown()
 
     if address is None:
-        rows += bench_two_nodes(quick)
+        rows += bench_two_nodes(rtml, "rtml", quick)
     else:
         rows += [na_row(REMOTE_NODE, "latency", "us"), na_row(TRANSFER, "throughput", "GB/s")]
 
