@@ -226,8 +226,10 @@ def test_concurrent_pulls_of_one_object(holder: Holder, dest_dir: Path) -> None:
     assert _leftovers(dest_dir) == []
 
 
-def test_concurrent_pulls_into_one_dest(holder: Holder, dest_dir: Path) -> None:
-    data = os.urandom(CHUNK_BYTES + 1)
+@pytest.mark.parametrize("size", [CHUNK_BYTES + 1, STREAM_MIN_BYTES + 1],
+                         ids=["chunked", "side-stream"])
+def test_concurrent_pulls_into_one_dest(holder: Holder, dest_dir: Path, size: int) -> None:
+    data = os.urandom(size)
     object_id = holder.put_bytes(data)
     dest = dest_dir / "shared"
     results: list[int] = []
@@ -237,7 +239,7 @@ def test_concurrent_pulls_into_one_dest(holder: Holder, dest_dir: Path) -> None:
     for t in threads:
         t.start()
     for t in threads:
-        t.join(30)
+        t.join(60)
     assert results == [len(data)] * 4
     assert dest.read_bytes() == data
     assert os.listdir(dest_dir) == ["shared"]
@@ -767,23 +769,6 @@ def test_concurrent_large_pulls_of_one_object(holder: Holder, dest_dir: Path,
     assert paths == ["stream"] * 6
     assert sorted(holder.served) == sorted((object_id, b"node-%d" % i) for i in range(6))
     assert _leftovers(dest_dir) == []
-
-
-def test_concurrent_large_pulls_into_one_dest(holder: Holder, dest_dir: Path) -> None:
-    data = os.urandom(STREAM_MIN_BYTES + 1)
-    object_id = holder.put_bytes(data)
-    dest = dest_dir / "shared"
-    results: list[int] = []
-    threads = [threading.Thread(
-        target=lambda: results.append(pull(holder.address, TOKEN, object_id, str(dest))))
-        for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert results == [len(data)] * 4
-    assert dest.read_bytes() == data
-    assert os.listdir(dest_dir) == ["shared"]
 
 
 def test_on_served_once_per_completed_pull(holder: Holder, dest_dir: Path) -> None:
