@@ -7,7 +7,6 @@ import json
 import os
 import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -232,30 +231,28 @@ def wait(refs: list[ObjectRef], *, num_returns: int = 1, timeout: float | None =
 def _wait_ready(rt: ClientRuntime, refs: list[ObjectRef], num_returns: int,
                 timeout: float | None, fetch_local: bool) -> set[bytes]:
     ready: set[bytes] = set()
-    cond = threading.Condition()
+    lock = threading.Lock()
+    enough = threading.Event()
     cancels: list[Callable[[], None]] = []
 
     def arrived(object_id: bytes) -> None:
-        with cond:
+        with lock:
             ready.add(object_id)
-            cond.notify_all()
+            if len(ready) >= num_returns:
+                enough.set()
 
     for ref in refs:
         cancels.append(rt.on_ready(ref, arrived, fetch_local))
-    deadline = None if timeout is None else time.monotonic() + timeout
-    with cond:
-        blocked = len(ready) < num_returns and timeout != 0
+    blocked = not enough.is_set() and timeout != 0
+    if blocked and rt.blocked_hook is not None:
+        rt.blocked_hook(True)  # inside a task: lend the CPU back while waiting
+    try:
+        if blocked:
+            rt.reactor.wait_serving(enough, timeout)
+    finally:
         if blocked and rt.blocked_hook is not None:
-            rt.blocked_hook(True)  # inside a task: lend the CPU back while waiting
-        try:
-            while len(ready) < num_returns:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    break
-                cond.wait(left)
-        finally:
-            if blocked and rt.blocked_hook is not None:
-                rt.blocked_hook(False)
+            rt.blocked_hook(False)
+    with lock:
         result = set(ready)
     for cancel_fn in cancels:
         cancel_fn()

@@ -209,7 +209,7 @@ class ClientRuntime:
 
         self._replies[req_id] = reply
         conn.send(make(req_id))
-        if not done.wait(timeout):
+        if not self.reactor.wait_serving(done, timeout):
             self._replies.pop(req_id, None)
             raise GetTimeoutError(f"no reply from {conn.name} within {timeout} s")
         return box[0]
@@ -380,7 +380,7 @@ class ClientRuntime:
             hook(True)
         try:
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not done.wait(timeout):
+            if not self.reactor.wait_serving(done, timeout):
                 raise GetTimeoutError(
                     f"get timed out after waiting for {len(ids)} object(s), e.g. "
                     f"{ids[0].hex()}; the task may still be running")

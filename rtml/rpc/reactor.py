@@ -8,7 +8,18 @@ The hot path must not pay for an event-loop hop per message, so any thread may
 write a frame straight to the socket under the connection's lock; only the
 bytes a full socket refuses are queued and flushed by the reactor when it
 turns writable. Reading, timers and callbacks posted from other threads run
-on the reactor thread. Daemons use asyncio instead (see ``rpc.server``).
+on the thread that leads the loop. Daemons use asyncio instead (see ``rpc.server``).
+
+Leadership (leader/follower): a thread about to block on an answer
+(:meth:`Reactor.wait_serving`, e.g. ``rtml.get``) leads the loop itself while it
+waits, so the reply wakes the very thread that wants it: no second thread
+wakes, no GIL hand-off. The background thread stands aside while a waiter
+leads and for ``HANDBACK_GRACE`` after, so a loop of ``get`` calls never wakes
+it; it takes the loop back at once when callbacks are posted or another thread
+is left waiting::
+
+    background: [lead: select/handle]--waiter arrives-->[aside]--grace, or work-->[lead]
+    waiter:           wake bg, take the lead --> [select/handle until done] --> hand back
 """
 
 from __future__ import annotations
@@ -37,6 +48,10 @@ log = logging.getLogger(__name__)
 Handler = Callable[["Connection", Any], None]
 CloseHandler = Callable[["Connection", str], None]
 _RECV_SIZE = 1 << 18
+HANDBACK_GRACE = 0.002
+"""Seconds the background thread leaves the loop idle after a waiter hands it back,
+so that the next ``get`` of a loop of them finds it free; posted callbacks and other
+waiting threads end the grace at once."""
 
 
 def connect_socket(address: str, timeout: float = 10.0) -> socket.socket:
@@ -261,7 +276,13 @@ class Reactor:
         self._seq = itertools.count()
         self._running = False
         self._thread: threading.Thread | None = None
-        self.thread_id: int | None = None
+        self.thread_id: int | None = None  # the thread leading the loop now, if any
+        self._lead = threading.Lock()  # held by whichever thread runs the loop
+        self._aside = threading.Condition()  # guards the four fields below
+        self._borrower: int | None = None  # a waiting thread that leads, or is about to
+        self._followers = 0  # threads blocked in wait_serving without the lead
+        self._handed_back = 0.0
+        self._aside_until_told = False  # the background thread waits for the hand-back
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -271,21 +292,97 @@ class Reactor:
         self._thread.start()
 
     def run(self) -> None:
-        """Run the loop on the calling thread until :meth:`stop`."""
+        """Run the loop on the calling thread until :meth:`stop`, standing aside while
+        a waiting thread leads it."""
         self._running = True
-        self.thread_id = threading.get_ident()
+        me = threading.get_ident()
         try:
             while self._running:
-                try:
-                    self._run_once()
-                except Exception:  # the loop must outlive any one bad event
-                    log.exception("%s: reactor iteration failed", self.name)
+                with self._lead:
+                    self.thread_id = me
+                    try:
+                        while self._running and self._borrower is None:
+                            self._run_guarded(None)
+                    finally:
+                        self.thread_id = None
+                self._stand_aside()
         finally:
             self._running = False
+
+    def _run_guarded(self, max_wait: float | None) -> None:
+        try:
+            self._run_once(max_wait)
+        except Exception:  # the loop must outlive any one bad event
+            log.exception("%s: reactor iteration failed", self.name)
+
+    def _stand_aside(self) -> None:
+        """Wait while a waiter leads, then through the grace, unless work arrives."""
+        with self._aside:
+            while self._running:
+                if self._borrower is not None:
+                    self._aside_until_told = True
+                    self._aside.wait()
+                    self._aside_until_told = False
+                    continue
+                if self._followers or self._calls:
+                    return
+                left = self._handed_back + HANDBACK_GRACE - time.monotonic()
+                if left <= 0:
+                    return
+                self._aside.wait(left)
+
+    def wait_serving(self, done: threading.Event, timeout: float | None) -> bool:
+        """Block until ``done`` is set or ``timeout`` passes, leading the loop meanwhile
+        if no other waiter does. True if ``done`` was set."""
+        if done.is_set():
+            return True
+        me = threading.get_ident()
+        with self._aside:
+            lead = (self._borrower is None and self._running and self._thread is not None
+                    and self.thread_id != me)
+            if lead:
+                self._borrower = me
+            else:
+                self._followers += 1
+        if not lead:
+            try:
+                return done.wait(timeout)
+            finally:
+                with self._aside:
+                    self._followers -= 1
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            if self.thread_id is not None:
+                self._wake()  # the background thread is in select: make it stand aside
+            if not self._lead.acquire(timeout=-1 if timeout is None else timeout):
+                return done.is_set()
+            try:
+                self.thread_id = me
+                while not done.is_set() and self._running:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        break
+                    self._run_guarded(left)
+            finally:
+                self.thread_id = None
+                self._lead.release()
+        finally:
+            with self._aside:
+                self._borrower = None
+                self._handed_back = time.monotonic()
+                if (self._aside_until_told or self._followers or self._calls
+                        or not self._running):
+                    self._aside.notify_all()
+        if done.is_set() or self._running:
+            return done.is_set()
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        return done.wait(left)  # stopped under us: whoever stops it may still set done
 
     def stop(self) -> None:
         self._running = False
         self._wake()
+        with self._aside:
+            self._aside.notify_all()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
 
@@ -305,9 +402,13 @@ class Reactor:
     # -- scheduling --------------------------------------------------------------------------
 
     def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Run ``fn(*args)`` on the reactor thread (thread-safe)."""
+        """Run ``fn(*args)`` on the thread leading the loop (thread-safe)."""
         self._calls.append((fn, args))
-        if not self.in_reactor():
+        leader = self.thread_id
+        if leader is None:  # between leaders: end the background thread's grace
+            with self._aside:
+                self._aside.notify_all()
+        elif leader != threading.get_ident():
             self._wake()
 
     def call_later(self, delay: float, fn: Callable[[], Any]) -> None:
@@ -381,12 +482,13 @@ class Reactor:
 
     # -- the loop ----------------------------------------------------------------------------
 
-    def _run_once(self) -> None:
-        timeout: float | None = None
+    def _run_once(self, max_wait: float | None = None) -> None:
+        timeout = max_wait
         if self._calls:
             timeout = 0
         elif self._timers:
-            timeout = max(0.0, self._timers[0][0] - time.monotonic())
+            due = max(0.0, self._timers[0][0] - time.monotonic())
+            timeout = due if timeout is None else min(timeout, due)
         for key, events in self._sel.select(timeout):
             conn = key.data
             if conn is None:

@@ -1,0 +1,136 @@
+"""Reactor leadership: a waiting thread serves the loop itself (no processes)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from rtml.rpc import messages as m
+from rtml.rpc.framing import frame
+from rtml.rpc.reactor import Connection, Reactor
+
+WAIT_S = 10.0
+
+
+class Peer:
+    """A started reactor reading one end of a socketpair; the test writes the other."""
+
+    def __init__(self) -> None:
+        self.reactor = Reactor("test-io")
+        ours, theirs = socket.socketpair()
+        self.remote = theirs
+        self.handled: dict[int, tuple[int, threading.Event]] = {}
+        self.waiting: dict[int, threading.Event] = {}
+        self.lock = threading.Lock()
+        self.reactor.start()
+        self.reactor.add(Connection(self.reactor, ours, self._on_message, name="peer"))
+
+    def _on_message(self, conn: Connection, msg: Any) -> None:
+        with self.lock:
+            done = self.waiting[msg.req_id]
+            self.handled[msg.req_id] = (threading.get_ident(), done)
+        done.set()
+
+    def expect(self, req_id: int) -> threading.Event:
+        with self.lock:
+            done = self.waiting[req_id] = threading.Event()
+        return done
+
+    def send(self, req_id: int) -> None:
+        self.remote.sendall(frame(m.encode(m.StoreStats(req_id))))
+
+    def handler_thread(self, req_id: int) -> int:
+        return self.handled[req_id][0]
+
+    def close(self) -> None:
+        self.reactor.stop()
+        self.reactor.close()
+        self.remote.close()
+
+
+@pytest.fixture()
+def peer() -> Iterator[Peer]:
+    p = Peer()
+    yield p
+    p.close()
+
+
+def background_id(peer: Peer) -> int:
+    thread = peer.reactor._thread
+    assert thread is not None and thread.ident is not None
+    return thread.ident
+
+
+def test_the_waiting_thread_handles_its_own_reply(peer: Peer) -> None:
+    done = peer.expect(1)
+    threading.Timer(0.05, peer.send, (1,)).start()
+    assert peer.reactor.wait_serving(done, WAIT_S)
+    assert peer.handler_thread(1) == threading.get_ident()
+
+
+def test_a_timed_out_wait_returns_false_and_the_background_resumes(peer: Peer) -> None:
+    assert not peer.reactor.wait_serving(threading.Event(), 0.05)
+    done = peer.expect(2)
+    peer.send(2)  # nobody waits on it: the background thread must take the loop back
+    assert done.wait(WAIT_S)
+    assert peer.handler_thread(2) == background_id(peer)
+
+
+def test_posted_calls_run_between_leaders(peer: Peer) -> None:
+    assert not peer.reactor.wait_serving(threading.Event(), 0.01)
+    ran = threading.Event()
+    on: list[int] = []
+    peer.reactor.call_soon(lambda: (on.append(threading.get_ident()), ran.set()))
+    assert ran.wait(WAIT_S)
+    assert on == [background_id(peer)]
+
+
+def test_concurrent_waiters_all_return(peer: Peer) -> None:
+    ids = list(range(10, 18))
+    events = {i: peer.expect(i) for i in ids}
+    results: dict[int, bool] = {}
+
+    def wait(i: int) -> None:
+        results[i] = peer.reactor.wait_serving(events[i], WAIT_S)
+
+    threads = [threading.Thread(target=wait, args=(i,)) for i in ids]
+    for t in threads:
+        t.start()
+    for i in ids:
+        peer.send(i)
+    for t in threads:
+        t.join(WAIT_S + 5)
+    assert results == {i: True for i in ids}
+    waiters = {t.ident for t in threads} | {background_id(peer)}
+    assert {peer.handler_thread(i) for i in ids} <= waiters
+
+
+def test_a_wait_from_inside_a_callback_does_not_take_the_lead(peer: Peer) -> None:
+    inner = threading.Event()
+    outcome: list[bool] = []
+    finished = threading.Event()
+
+    def callback() -> None:  # on the leading thread: must not try to lead again
+        outcome.append(peer.reactor.wait_serving(inner, 0.05))
+        finished.set()
+
+    peer.reactor.call_soon(callback)
+    assert finished.wait(WAIT_S)
+    assert outcome == [False]
+
+
+def test_stop_releases_a_leading_waiter() -> None:
+    p = Peer()
+    result: list[bool] = []
+    waiter = threading.Thread(target=lambda: result.append(
+        p.reactor.wait_serving(threading.Event(), 1.0)))
+    waiter.start()
+    p.reactor.stop()
+    waiter.join(WAIT_S)
+    assert not waiter.is_alive() and result == [False]
+    p.reactor.close()
+    p.remote.close()
