@@ -7,8 +7,8 @@ Layout, for the default cluster namespace ``rtml``::
     rtml:job:<job_hex>          hash    one job
     rtml:jobs                   set     job ids (hex)
     rtml:function:<fid_hex>     string  pickled function, written once (SET NX)
-    rtml:task:<task_hex>        hash    one task's lineage record
-    rtml:tasks                  zset    task ids (hex) scored by submit time
+    rtml:tasks                  hash    task lineage: <task id>s -> submission,
+                                        <task id>f -> latest outcome (ids as bytes)
     rtml:object:<oid_hex>       hash    one object (owner, size, locations)
     rtml:objects                set     object ids (hex)
     rtml:actor:<actor_hex>      hash    one actor (spec, state, address, restarts)
@@ -61,10 +61,6 @@ class Keys:
     def function(self, fid_hex: str) -> str:
         """String holding one exported (pickled) function."""
         return f"{self._prefix}function:{fid_hex}"
-
-    def task(self, task_hex: str) -> str:
-        """Hash of one task's lineage record."""
-        return f"{self._prefix}task:{task_hex}"
 
     def object(self, oid_hex: str) -> str:
         """Hash of one object's metadata."""

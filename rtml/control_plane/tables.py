@@ -5,7 +5,7 @@
     head service / node managers / drivers
         |  put_node, heartbeat, put_job, export_function, put_actor, ...
         v
-    ControlPlane --(RespClient, pipelined)--> Redis: hashes, sets, a zset, a stream
+    ControlPlane --(RespClient, pipelined)--> Redis: hashes, sets, a stream
         ^                                        (key names: keys.py)
         |  write_task_records, append_events  (batched off the hot path)
     BatchedWriter (writer.py)
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
 import msgspec
@@ -45,25 +45,12 @@ EVENTS_MAXLEN = 100_000
 _EVENT_FIELD = b"e"
 _EVENTS_MAXLEN_ARGS: tuple[Arg, ...] = ("MAXLEN", "~", EVENTS_MAXLEN)
 _SCAN_CHUNK = 1000
+_SUBMITTED, _OUTCOME = b"s", b"f"  # the two parts of a task's lineage record
 
 # Deletes KEYS[1] only while it still holds ARGV[1]: compare-and-delete in one step.
 _DELETE_IF_EQUAL = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
-
-# One call writes a whole batch of task records, so the client packs one command, not
-# two per task. ARGV: key prefix, then per task: id, submit_ts ("" if none), field
-# count, field, value, field, value, ...
-_WRITE_TASKS = """
-local i, n = 2, #ARGV
-while i <= n do
-  local id, ts, count = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
-  redis.call('HSET', ARGV[1] .. id, unpack(ARGV, i + 3, i + 2 + 2 * count))
-  if ts ~= '' then redis.call('ZADD', KEYS[1], ts, id) end
-  i = i + 3 + 2 * count
 end
 return 0
 """
@@ -179,7 +166,6 @@ class ControlPlane:
         self.keys = Keys(namespace)
         self._client = RespClient(host, port, password, timeout=10.0, connect_timeout=5.0)
         self._delete_if_equal = Script(self._client, _DELETE_IF_EQUAL)
-        self._write_tasks = Script(self._client, _WRITE_TASKS)
 
     def __repr__(self) -> str:
         return f"ControlPlane({self.host}:{self.port}, namespace={self.keys.namespace!r})"
@@ -302,22 +288,21 @@ class ControlPlane:
 
     @_redis_errors
     def write_task_records(self, records: list[dict[str, Any]]) -> None:
-        """Merge task records (each with a ``task_id``) into their hashes, one round trip.
+        """Merge task records (each with a ``task_id``) into the lineage table: one HSET.
 
-        A record with ``submit_ts`` also indexes the task in the ``tasks`` sorted set.
+        The table is one hash. Field ``<task id>s`` holds a task's submission (a
+        record with ``submit_ts``), ``<task id>f`` its latest outcome; they merge
+        when read. One field per record and no key per task keep a task's cost to
+        Redis at a few microseconds (a key and a sorted-set entry each cost ~17).
         """
         if not records:
             return
-        args: list[Arg] = [self.keys.task("")]
+        command: list[Arg] = ["HSET", self.keys.tasks]
+        encode = _encoder.encode
         for record in records:
-            submit_ts = record.get("submit_ts")
-            # One blob per record, not a field each: a task costs Redis one small HSET.
-            # The submission (field "s") and the latest outcome (field "f") are merged
-            # when read.
-            field = "f" if submit_ts is None else "s"
-            args += (record["task_id"].hex(), "" if submit_ts is None else submit_ts, 1,
-                     field, _encoder.encode(record))
-        self._write_tasks(keys=[self.keys.tasks], args=args)
+            part = _SUBMITTED if "submit_ts" in record else _OUTCOME
+            command += (record["task_id"] + part, encode(record))
+        self._client.execute(*command)
 
     @_redis_errors
     def list_tasks(self, filters: dict[str, str] | None = None,
@@ -327,25 +312,23 @@ class ControlPlane:
         A filter matches when the field's JSON-friendly value, as ``str``, equals it
         (ids as hex, e.g. ``{"job_id": job.hex(), "status": "FINISHED"}``).
         """
-        found: list[dict[str, Any]] = []
-        for chunk in self._newest_first(self.keys.tasks):
-            for _, parts in self._hashes(self.keys.task, chunk):
-                task = to_jsonable({**parts.get("s", {}), **parts.get("f", {})})
-                if _matches(task, filters):
-                    found.append(task)
-                    if len(found) >= limit:
-                        return found[::-1]
-        return found[::-1]
-
-    def _newest_first(self, zset_key: str) -> Iterable[list[str]]:
-        start = 0
+        parts: dict[bytes, dict[bytes, dict[str, Any]]] = {}
+        cursor: Arg = 0
         while True:
-            members = self._client.execute("ZREVRANGE", zset_key, start,
-                                           start + _SCAN_CHUNK - 1)
-            if not members:
-                return
-            yield [m.decode() for m in members]
-            start += _SCAN_CHUNK
+            cursor, flat = self._client.execute("HSCAN", self.keys.tasks, cursor,
+                                                "COUNT", _SCAN_CHUNK)
+            pairs = iter(flat)
+            for field, value in zip(pairs, pairs, strict=True):
+                parts.setdefault(field[:-1], {})[field[-1:]] = _decoder.decode(value)
+            if cursor == b"0":
+                break
+        found = []
+        for part in parts.values():
+            task = to_jsonable({**part.get(_SUBMITTED, {}), **part.get(_OUTCOME, {})})
+            if _matches(task, filters):
+                found.append(task)
+        found.sort(key=lambda task: task.get("submit_ts", 0.0))
+        return found[-limit:] if limit > 0 else []
 
     # -- objects ------------------------------------------------------------------
 

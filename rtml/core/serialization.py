@@ -52,8 +52,15 @@ class _ArrowData:
         self.kind = kind
 
 
+_PLAIN = frozenset({type(None), bool, int, float, complex, str, bytes})
+"""Types that hold no code, buffers or refs: the stdlib pickler is exact for them and
+~15x cheaper than building a cloudpickle Pickler (0.3 vs 4 us for ``None``)."""
+
+
 def serialize(value: Any) -> Serialized:
     """Pickle ``value``; raises TypeError naming what could not be pickled."""
+    if type(value) in _PLAIN:
+        return Serialized(pickle.dumps(value, protocol=5))
     arrow = _arrow_ipc(value)
     if arrow is not None:
         return arrow
