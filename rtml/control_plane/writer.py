@@ -52,7 +52,8 @@ class BatchedWriter:
         self._thread.start()
 
     def submit_task(self, record: dict[str, Any]) -> None:
-        """Queue a task record (must hold ``task_id``); never blocks, never raises."""
+        """Queue a task record (must hold ``task_id``; the writer may change it); never
+        blocks, never raises."""
         self._tasks.append(record)
 
     def submit_event(self, event: dict[str, Any]) -> None:
@@ -119,15 +120,17 @@ def _drain(queue: collections.deque[dict[str, Any]], limit: int) -> list[dict[st
 
 
 def _merge_by_task(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One record per task_id, later fields overriding earlier ones."""
+    """One record per task_id, later fields overriding earlier ones (merged in place:
+    submitted records belong to the writer)."""
     merged: dict[bytes, dict[str, Any]] = {}
     for record in records:
         task_id = record.get("task_id")
         if not isinstance(task_id, bytes):
             logger.error("dropped a task record without a bytes task_id: %r", record)
             continue
-        if task_id in merged:
-            merged[task_id].update(record)
+        first = merged.get(task_id)
+        if first is None:
+            merged[task_id] = record
         else:
-            merged[task_id] = dict(record)
+            first.update(record)
     return list(merged.values())

@@ -8,7 +8,6 @@ reads it), or left pending until the owner's own task produces it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rtml.config import INLINE_MAX
@@ -21,19 +20,23 @@ if TYPE_CHECKING:
     from rtml.core.runtime import ClientRuntime
 
 
-@dataclass
 class BuiltArgs:
-    args: list[m.TaskArg] = field(default_factory=list)
-    kwarg_names: list[str] = field(default_factory=list)
-    keep_alive: list[Any] = field(default_factory=list)
-    pending: list[tuple[int, ObjectRef]] = field(default_factory=list)
-    contained: list[bytes] = field(default_factory=list)
-    error: m.Payload | None = None
+    __slots__ = ("args", "kwarg_names", "keep_alive", "pending", "contained", "error")
+
+    def __init__(self, kwarg_names: list[str]) -> None:
+        self.args: list[m.TaskArg] = []
+        self.kwarg_names = kwarg_names
+        self.keep_alive: list[Any] = []  # refs the task needs until it ends
+        self.pending: list[tuple[int, ObjectRef]] = []  # owned refs not produced yet
+        self.contained: list[bytes] = []  # ids of refs pickled inside the arguments
+        self.error: m.Payload | None = None  # an argument that is a stored error
 
 
 def build_args(rt: ClientRuntime, args: tuple[Any, ...], kwargs: dict[str, Any]) -> BuiltArgs:
     """Serialize arguments. Raises TypeError naming an unpicklable argument."""
-    built = BuiltArgs(kwarg_names=list(kwargs))
+    built = BuiltArgs(list(kwargs) if kwargs else [])
+    if not args and not kwargs:
+        return built
     for position, value in enumerate((*args, *kwargs.values())):
         label = (f"argument {position}" if position < len(args)
                  else f"keyword argument {built.kwarg_names[position - len(args)]!r}")

@@ -43,7 +43,8 @@ def submit_call(rt: ClientRuntime, *, name: str, function_id: bytes, args: tuple
     """Submit one task or actor call; its ref (a list for several returns, None for 0)."""
     built = build_args(rt, args, kwargs)
     task_id = new_task_id()
-    return_ids = [object_id_for(task_id, i + 1) for i in range(num_returns)]
+    return_ids = ([object_id_for(task_id, 1)] if num_returns == 1 else
+                  [object_id_for(task_id, i + 1) for i in range(num_returns)])
     spec = m.TaskSpec(task_id, rt.job_id, name, function_id, built.args, built.kwarg_names,
                       num_returns, rt.client_id, actor_id=actor_id, method=method,
                       owner_node=rt.node_id)
@@ -55,7 +56,7 @@ def submit_call(rt: ClientRuntime, *, name: str, function_id: bytes, args: tuple
     rt.owner.submit(record, built.pending, built.error)
     if num_returns == 1:
         return refs[0]
-    return refs if num_returns > 1 else None
+    return refs or None
 
 
 class RemoteFunction(Exported):

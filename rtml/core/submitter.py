@@ -107,9 +107,10 @@ class TaskSubmitter:
         short = queue.avg_seconds < SHORT_TASK_SECONDS and queue.strategy != SPREAD
         depth = PIPELINE_DEPTH if short else 1
         tasks = queue.tasks
-        while tasks:
-            worker = min(queue.workers, key=_load, default=None)
-            if worker is None or len(worker.inflight) >= depth:
+        workers = queue.workers
+        while tasks and workers:
+            worker = workers[0] if len(workers) == 1 else min(workers, key=_load)
+            if len(worker.inflight) >= depth:
                 break
             self._push(worker, tasks.popleft())
         if not tasks and queue.lease_requests:
