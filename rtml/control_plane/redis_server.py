@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import ctypes.util
 import logging
 import os
 import shutil
@@ -255,7 +254,7 @@ def _death_signal_setter() -> Callable[[], None] | None:
     """
     if not sys.platform.startswith("linux"):
         return None
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc = ctypes.CDLL(None, use_errno=True)  # this process's libc (find_library forks ldconfig)
     parent_pid = os.getpid()
 
     def set_death_signal() -> None:

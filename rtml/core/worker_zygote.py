@@ -19,6 +19,7 @@ import signal
 import sys
 from collections.abc import Iterator
 
+import rtml.api  # noqa: F401 - preloaded for the forks: tasks call rtml.get, rtml.remote...
 from rtml.core import worker_main
 from rtml.daemon import die_with_parent
 
