@@ -182,7 +182,7 @@ def _launch_node_manager(started: StartedNode, node: NodeConfig, die_with_parent
                          own_group: bool) -> Launched:
     cfg = NodeConfig(**{**node.__dict__, "head_address": started.head_address,
                         "session_dir": str(started.session.root)})
-    launched = launch_daemon("rtml.scheduler.node_manager", cfg.to_json(), started.session,
+    launched = launch_daemon("rtml.scheduler.node_main", cfg.to_json(), started.session,
                              "node_manager", die_with_parent, node.token,
                              own_group=own_group)
     started.procs.append(launched.proc)

@@ -12,7 +12,8 @@
                  --> NodeTable (addresses of the other nodes), NodeDied (forwarded to clients)
     worker exit (pidfd) -> lease freed, holds dropped, pool refilled, head told
 
-Run as ``python -m rtml.scheduler.node_manager CONFIG_JSON READY_FD``.
+Run as ``python -m rtml.scheduler.node_main CONFIG_JSON READY_FD`` (which starts the
+worker zygote first).
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ import contextlib
 import logging
 import os
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rtml.config import HEARTBEAT_INTERVAL, TOKEN_ENV, NodeConfig
+from rtml.config import HEARTBEAT_INTERVAL, NodeConfig
 from rtml.control_plane import ControlPlane
 from rtml.daemon import (
     FramedClient,
@@ -79,7 +81,7 @@ class Spilling:
 
 
 class NodeManager(Service):
-    def __init__(self, cfg: NodeConfig) -> None:
+    def __init__(self, cfg: NodeConfig, zygote: subprocess.Popen[bytes]) -> None:
         self.cfg = cfg
         self.token = cfg.token
         self.session = Session(Path(cfg.session_dir))
@@ -104,8 +106,7 @@ class NodeManager(Service):
         self.links = NodeLinks(make_hello(self.token, "node", self.node_id))
         self.objects = ObjectManager(self.node_id, self.namespace, str(self.session.spill),
                                      cfg.object_store_memory, self.token, self.links)
-        self.launcher = WorkerLauncher({**os.environ, TOKEN_ENV: self.token},
-                                       self._worker_gone)
+        self.launcher = WorkerLauncher(zygote, self._worker_gone)
 
     def _pool_size(self) -> int:
         if self.cfg.prestart_workers >= 0:
@@ -482,8 +483,8 @@ def sweep_orphaned_segments() -> None:
             continue
 
 
-async def serve(cfg: NodeConfig, ready_fd: int) -> None:
-    nm = NodeManager(cfg)
+async def serve(cfg: NodeConfig, ready_fd: int, zygote: subprocess.Popen[bytes]) -> None:
+    nm = NodeManager(cfg, zygote)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, nm.stopped.set)
@@ -495,14 +496,15 @@ async def serve(cfg: NodeConfig, ready_fd: int) -> None:
         await nm.shutdown()
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], zygote: subprocess.Popen[bytes]) -> int:
+    """Run a node manager (entered through :mod:`rtml.scheduler.node_main`)."""
     cfg = NodeConfig.from_json(argv[1])
     ready_fd = int(argv[2]) if len(argv) > 2 else -1
     if os.environ.get("RTML_DIE_WITH_PARENT") == "1":
         die_with_parent()
     setup_logging(str(Session(Path(cfg.session_dir)).log_file("node_manager")))
     try:
-        asyncio.run(serve(cfg, ready_fd))
+        asyncio.run(serve(cfg, ready_fd, zygote))
     except RtmlSystemError as exc:
         log.error("node manager failed: %s", exc)
         print(f"rtml node manager: {exc}", file=sys.stderr)
@@ -515,7 +517,3 @@ def main(argv: list[str]) -> int:
             report_ready(ready_fd, "error see node_manager.log")
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))

@@ -4,6 +4,9 @@
                                             <--pid------
     pidfd readable (the worker exited) --> on_exit(worker)
 
+The zygote is started by the process's entry (``node_main``) before the node
+manager's imports, and adopted here.
+
 Exits are seen through a pidfd the moment they happen, whoever reaps the
 process; nothing polls.
 """
@@ -16,7 +19,7 @@ import json
 import logging
 import os
 import signal
-import sys
+import subprocess
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,34 +51,37 @@ class WorkerProc:
 class WorkerLauncher:
     """Forks workers from a zygote and reports each one's exit exactly once."""
 
-    def __init__(self, env: dict[str, str], on_exit: Callable[[WorkerProc, str], None]) -> None:
-        self.env = env
+    def __init__(self, zygote: subprocess.Popen[bytes],
+                 on_exit: Callable[[WorkerProc, str], None]) -> None:
         self.on_exit = on_exit
-        self._zygote: asyncio.subprocess.Process | None = None
+        self._zygote = zygote
+        self._requests: asyncio.WriteTransport | None = None
         self._waiting: deque[WorkerProc] = deque()
         self._reader: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """Start the zygote; it imports the worker code while the node keeps starting."""
-        self._zygote = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "rtml.core.worker_zygote", stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE, env=self.env)
-        self._reader = asyncio.create_task(self._read_pids(self._zygote))
+        """Adopt the zygote's pipes (it may still be importing: requests wait in its pipe)."""
+        loop = asyncio.get_running_loop()
+        pids = asyncio.StreamReader()
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(pids),
+                                     self._zygote.stdout)
+        self._requests, _ = await loop.connect_write_pipe(asyncio.Protocol, self._zygote.stdin)
+        self._reader = asyncio.create_task(self._read_pids(pids))
 
     def spawn(self, worker: WorkerProc, config: dict[str, Any], log_path: str) -> None:
         """Ask the zygote for a worker; its pid arrives asynchronously."""
-        zygote = self._zygote
-        if zygote is None or zygote.stdin is None or zygote.returncode is not None:
+        requests = self._requests
+        if requests is None or requests.is_closing() or self._zygote.poll() is not None:
             raise RtmlSystemError("the worker zygote is not running; see node_manager.log")
         self._waiting.append(worker)
         request = {"config": json.dumps(config), "log_path": log_path}
-        zygote.stdin.write((json.dumps(request) + "\n").encode())
+        requests.write((json.dumps(request) + "\n").encode())
 
-    async def _read_pids(self, zygote: asyncio.subprocess.Process) -> None:
-        assert zygote.stdout is not None
-        while line := await zygote.stdout.readline():
+    async def _read_pids(self, pids: asyncio.StreamReader) -> None:
+        while line := await pids.readline():
             self._watch(self._waiting.popleft(), int(line))
-        log.error("the worker zygote exited (code %s)", await zygote.wait())
+        code = await asyncio.to_thread(self._zygote.wait)
+        log.error("the worker zygote exited (code %s)", code)
         while self._waiting:
             self._report(self._waiting.popleft(), "the worker zygote exited")
 
@@ -106,8 +112,10 @@ class WorkerLauncher:
             worker.kill()
             worker.gone = True
         zygote = self._zygote
-        if zygote is not None and zygote.returncode is None:
+        if zygote.poll() is None:
             zygote.kill()
-            await zygote.wait()
+            await asyncio.to_thread(zygote.wait)
         if self._reader is not None:
             self._reader.cancel()
+        if self._requests is not None:
+            self._requests.close()
