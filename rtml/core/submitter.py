@@ -9,13 +9,17 @@
     worker gone  -> retry in-flight tasks (max_retries) or fail them
 
 Leases are kept while tasks of their shape keep coming and handed back after
-``LEASE_IDLE_TIMEOUT`` idle. Short tasks are pipelined (several in flight per
-worker); long ones are not, so they spread over every leased worker.
+``LEASE_IDLE_TIMEOUT`` idle. Tasks are pipelined: each worker gets enough in
+flight to cover a result's round trip (``COVER_SECONDS`` of work, 16 at most),
+so it never idles waiting for the next one while short tasks stay spread
+evenly; long tasks (and tasks not yet timed) go one at a time, so they spread
+over every leased worker.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -35,7 +39,8 @@ log = logging.getLogger(__name__)
 
 SPREAD = "SPREAD"
 PIPELINE_DEPTH = 16
-SHORT_TASK_SECONDS = 0.002
+COVER_SECONDS = 0.0005
+LONG_TASK_SECONDS = 0.05
 MAX_LEASE_REQUESTS = 8
 
 
@@ -77,7 +82,7 @@ class ShapeQueue:
     tasks: deque[TaskRecord] = field(default_factory=deque)
     workers: list[LeasedWorker] = field(default_factory=list)
     lease_requests: set[int] = field(default_factory=set)
-    avg_seconds: float = 1.0
+    avg_seconds: float = -1.0  # moving average of the run time; < 0: none finished yet
 
 
 class TaskSubmitter:
@@ -104,8 +109,7 @@ class TaskSubmitter:
         self._pump(key, queue)
 
     def _pump(self, key: tuple[Any, ...], queue: ShapeQueue) -> None:
-        short = queue.avg_seconds < SHORT_TASK_SECONDS and queue.strategy != SPREAD
-        depth = PIPELINE_DEPTH if short else 1
+        depth = _depth(queue)
         tasks = queue.tasks
         workers = queue.workers
         while tasks and workers:
@@ -241,7 +245,8 @@ class TaskSubmitter:
                 return
             queue = self.queues[worker.key]
             elapsed = msg.end_ts - msg.start_ts
-            queue.avg_seconds = 0.8 * queue.avg_seconds + 0.2 * elapsed
+            avg = queue.avg_seconds
+            queue.avg_seconds = elapsed if avg < 0 else 0.8 * avg + 0.2 * elapsed
             retry = not record.cancelled and rt.owner.should_retry_exception(record, msg)
             if retry:
                 record.spec.attempt += 1
@@ -337,3 +342,11 @@ class TaskSubmitter:
 
 def _load(worker: LeasedWorker) -> int:
     return len(worker.inflight)
+
+
+def _depth(queue: ShapeQueue) -> int:
+    """How many of the queue's tasks one worker may have in flight."""
+    avg = queue.avg_seconds
+    if avg < 0 or avg >= LONG_TASK_SECONDS or queue.strategy == SPREAD:
+        return 1
+    return min(PIPELINE_DEPTH, 1 + math.ceil(COVER_SECONDS / max(avg, 1e-6)))
