@@ -230,7 +230,14 @@ def wait(refs: list[ObjectRef], *, num_returns: int = 1, timeout: float | None =
 
 def _wait_ready(rt: ClientRuntime, refs: list[ObjectRef], num_returns: int,
                 timeout: float | None, fetch_local: bool) -> set[bytes]:
-    ready: set[bytes] = set()
+    with rt.lock:
+        ready = {r.id for r in refs if rt.ready_here(r, fetch_local)}
+        if len(ready) >= num_returns:
+            return ready  # no callbacks to register and cancel: O(refs) cheap checks
+        # Only callbacks can make a ref ready; with timeout 0 an owned task's result
+        # cannot arrive in time, but an object elsewhere still starts its pull.
+        waiting = [r for r in refs if r.id not in ready
+                   and not (timeout == 0 and rt.owned_pending(r))]
     lock = threading.Lock()
     enough = threading.Event()
     cancels: list[Callable[[], None]] = []
@@ -241,7 +248,7 @@ def _wait_ready(rt: ClientRuntime, refs: list[ObjectRef], num_returns: int,
             if len(ready) >= num_returns:
                 enough.set()
 
-    for ref in refs:
+    for ref in waiting:
         cancels.append(rt.on_ready(ref, arrived, fetch_local))
     blocked = not enough.is_set() and timeout != 0
     if blocked and rt.blocked_hook is not None:

@@ -98,6 +98,7 @@ class ClientRuntime:
         self.owner = TaskOwner(self)
         self.refs = ReferenceCounter(self)
         self.reactor = Reactor(f"rtml-{config.role}-io", cork=True)
+        self.reactor.expecting = lambda: bool(self.submitter.records)
         self._req_ids = itertools.count(1)
         self._replies: dict[int, Callable[[Any], None]] = {}
         self._exported: set[bytes] = set()
@@ -437,9 +438,17 @@ class ClientRuntime:
     def ready_now(self, ref: ObjectRef) -> bool:
         if ref.id in self.store.entries:
             return True
-        if ref.owner == self.client_id and task_of(ref.id) in self.submitter.records:
+        if self.owned_pending(ref):
             return False
         return os.path.exists(objectstore.segment_path(self.store_namespace, ref.id))
+
+    def owned_pending(self, ref: ObjectRef) -> bool:
+        """A result of a task of ours that has not finished."""
+        return ref.owner == self.client_id and task_of(ref.id) in self.submitter.records
+
+    def ready_here(self, ref: ObjectRef, fetch_local: bool) -> bool:
+        """Ready now, without waiting (with ``fetch_local``: and a copy is on this node)."""
+        return self.ready_now(ref) and not (fetch_local and self._elsewhere(ref.id))
 
     def on_ready(self, ref: ObjectRef, callback: Callable[[bytes], Any],
                  fetch_local: bool = False) -> Callable[[], None]:
@@ -464,7 +473,7 @@ class ClientRuntime:
             if self.ready_now(ref):
                 arrived(object_id)
                 return cancel_all
-            if owner == self.client_id and task_of(object_id) in self.submitter.records:
+            if self.owned_pending(ref):
                 self.store.add_waiter(object_id, arrived)
                 cancels.append(lambda: self.store.remove_waiter(object_id, arrived))
                 return cancel_all

@@ -15,8 +15,9 @@ Leadership (leader/follower): a thread about to block on an answer
 waits, so the reply wakes the very thread that wants it: no second thread
 wakes, no GIL hand-off. The background thread stands aside while a waiter
 leads and for ``HANDBACK_GRACE`` after, so a loop of ``get`` calls never wakes
-it; it takes the loop back at once when callbacks are posted or another thread
-is left waiting::
+it; it takes the loop back at once when callbacks are posted, another thread
+is left waiting, or replies are still expected (``expecting``: tasks in flight,
+whose results must keep the pipeline fed while the caller runs its own code)::
 
     background: [lead: select/handle]--waiter arrives-->[aside]--grace, or work-->[lead]
     waiter:           wake bg, take the lead --> [select/handle until done] --> hand back
@@ -283,6 +284,7 @@ class Reactor:
         self._followers = 0  # threads blocked in wait_serving without the lead
         self._handed_back = 0.0
         self._aside_until_told = False  # the background thread waits for the hand-back
+        self.expecting: Callable[[], bool] = _never  # replies due: no grace after a hand-back
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -324,7 +326,7 @@ class Reactor:
                     self._aside.wait()
                     self._aside_until_told = False
                     continue
-                if self._followers or self._calls:
+                if self._followers or self._calls or self.expecting():
                     return
                 left = self._handed_back + HANDBACK_GRACE - time.monotonic()
                 if left <= 0:
@@ -371,7 +373,7 @@ class Reactor:
                 self._borrower = None
                 self._handed_back = time.monotonic()
                 if (self._aside_until_told or self._followers or self._calls
-                        or not self._running):
+                        or not self._running or self.expecting()):
                     self._aside.notify_all()
         if done.is_set() or self._running:
             return done.is_set()
@@ -531,6 +533,10 @@ class Reactor:
             fn(*args)
         except Exception:
             log.exception("%s: callback %r failed", self.name, fn)
+
+
+def _never() -> bool:
+    return False
 
 
 def open_connection(reactor: Reactor, address: str, hello: m.Hello, handler: Handler,
