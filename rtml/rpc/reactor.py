@@ -284,6 +284,7 @@ class Reactor:
         self._followers = 0  # threads blocked in wait_serving without the lead
         self._handed_back = 0.0
         self._aside_until_told = False  # the background thread waits for the hand-back
+        self._resume = False  # the last hand-back skips the grace
         self.expecting: Callable[[], bool] = _never  # replies due: no grace after a hand-back
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -326,7 +327,8 @@ class Reactor:
                     self._aside.wait()
                     self._aside_until_told = False
                     continue
-                if self._followers or self._calls or self.expecting():
+                if self._resume or self._followers or self._calls:
+                    self._resume = False
                     return
                 left = self._handed_back + HANDBACK_GRACE - time.monotonic()
                 if left <= 0:
@@ -372,8 +374,9 @@ class Reactor:
             with self._aside:
                 self._borrower = None
                 self._handed_back = time.monotonic()
-                if (self._aside_until_told or self._followers or self._calls
-                        or not self._running or self.expecting()):
+                self._resume = (bool(self._followers or self._calls) or not self._running
+                                or self.expecting())
+                if self._resume or self._aside_until_told:
                     self._aside.notify_all()
         if done.is_set() or self._running:
             return done.is_set()
