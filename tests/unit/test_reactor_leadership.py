@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from rtml.rpc import messages as m
+from rtml.rpc import reactor as reactor_module
 from rtml.rpc.framing import frame
 from rtml.rpc.reactor import Connection, Reactor
 
@@ -134,3 +135,25 @@ def test_stop_releases_a_leading_waiter() -> None:
     assert not waiter.is_alive() and result == [False]
     p.reactor.close()
     p.remote.close()
+
+
+def test_the_grace_keeps_the_background_aside_until_work_is_posted(
+        peer: Peer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(reactor_module, "HANDBACK_GRACE", 30.0)
+    assert not peer.reactor.wait_serving(threading.Event(), 0.01)
+    done = peer.expect(3)
+    peer.send(3)
+    assert not done.wait(0.3)  # nobody leads during the grace: a get loop wakes no one
+    peer.reactor.call_soon(lambda: None)  # posted work ends the grace
+    assert done.wait(WAIT_S)
+    assert peer.handler_thread(3) == background_id(peer)
+
+
+def test_replies_expected_skip_the_grace(peer: Peer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(reactor_module, "HANDBACK_GRACE", 30.0)
+    peer.reactor.expecting = lambda: True
+    assert not peer.reactor.wait_serving(threading.Event(), 0.01)
+    done = peer.expect(4)
+    peer.send(4)
+    assert done.wait(WAIT_S)
+    assert peer.handler_thread(4) == background_id(peer)
