@@ -66,6 +66,7 @@ class Executor:
         self.pool: concurrent.futures.ThreadPoolExecutor | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.semaphore: asyncio.Semaphore | None = None
+        self.visible_gpus: list[int] | None = None  # as last set; None: not set yet
         signal.signal(signal.SIGUSR1, self._on_cancel_signal)
 
     # -- dispatch ----------------------------------------------------------------------------
@@ -110,8 +111,9 @@ class Executor:
 
     def execute(self, spec: m.TaskSpec) -> m.TaskResult:
         start = time.time()
-        if spec.gpu_ids or CUDA_ENV in os.environ:
+        if spec.gpu_ids != self.visible_gpus and self.actor is None:  # an actor keeps its own
             set_visible_gpus(spec.gpu_ids)
+            self.visible_gpus = spec.gpu_ids
         if spec.task_id in self.cancelled:
             self.cancelled.discard(spec.task_id)
             return self._cancelled(spec, start)
@@ -142,6 +144,8 @@ class Executor:
             function = getattr(self.instance, spec.method)
         else:
             function = self.function(spec.function_id)
+        if not spec.args:
+            return function, [], {}
         values = [self._arg(arg) for arg in spec.args]
         split = len(values) - len(spec.kwarg_names)
         return function, values[:split], dict(zip(spec.kwarg_names, values[split:], strict=True))
@@ -188,8 +192,9 @@ class Executor:
     def _store_return(self, spec: m.TaskSpec, object_id: bytes, ser: Any) -> m.ReturnObject:
         if ser.contained:
             self.rt.refs.send_holds(m.AddHolds, [r.id for r in ser.contained], object_id)
-        if ser.size <= INLINE_MAX:
-            return m.ReturnObject(object_id, ser.to_payload(), ser.size)
+        size = ser.size
+        if size <= INLINE_MAX:
+            return m.ReturnObject(object_id, ser.to_payload(), size)
         local = spec.owner_node in (b"", self.rt.node_id)
         size = self.rt.write_shared(object_id, ser,
                                     holder=spec.owner_id if local else spec.owner_node)
@@ -283,7 +288,10 @@ class Executor:
 
 
 def return_ids(spec: m.TaskSpec) -> list[bytes]:
-    return [object_id_for(TaskID(spec.task_id), i + 1) for i in range(spec.num_returns)]
+    task_id = TaskID(spec.task_id)
+    if spec.num_returns == 1:
+        return [object_id_for(task_id, 1)]
+    return [object_id_for(task_id, i + 1) for i in range(spec.num_returns)]
 
 
 def _error_text(payload: m.Payload) -> str:

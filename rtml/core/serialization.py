@@ -31,9 +31,13 @@ class Serialized:
 
     @property
     def size(self) -> int:
+        if not self.buffers:
+            return len(self.inband)
         return len(self.inband) + sum(_nbytes(b) for b in self.buffers)
 
     def to_payload(self, is_error: bool = False) -> Payload:
+        if not self.buffers:
+            return Payload(self.inband, [], is_error)
         return Payload(self.inband, [bytes(_raw(b)) for b in self.buffers], is_error)
 
 

@@ -41,6 +41,12 @@ def visible_gpus(seconds: float = 0.0) -> str:
 
 
 @rtml.remote
+class GpuHolder:
+    def visible(self) -> str:
+        return os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>")
+
+
+@rtml.remote
 def big_array(n_bytes: int) -> np.ndarray:
     return np.arange(n_bytes // 8, dtype=np.int64)
 
@@ -112,6 +118,11 @@ def test_gpu_tasks_see_their_own_gpu_ids(three_nodes) -> None:
     seen = rtml.get([visible_gpus.options(num_gpus=1).remote(0.5) for _ in range(2)])
     assert sorted(seen) == ["0", "1"]
     assert rtml.get(visible_gpus.options(num_gpus=0).remote()) == "<unset>"
+    # An actor's methods keep seeing the actor's GPU, call after call.
+    holder = GpuHolder.options(num_gpus=1).remote()
+    first = rtml.get(holder.visible.remote())
+    assert first in {"0", "1"}
+    assert rtml.get([holder.visible.remote() for _ in range(3)]) == [first] * 3
 
 
 def test_node_affinity_pins_and_fails_clearly(three_nodes) -> None:
