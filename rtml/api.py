@@ -20,6 +20,7 @@ from rtml.core.remote_function import RemoteFunction
 from rtml.core.runtime import ClientConfig, ClientRuntime
 from rtml.ids import new_job_id
 from rtml.rpc import messages as m
+from rtml.rpc.reactor import Flag
 from rtml.session import Session, default_session_dir, fresh_session_dir, new_token
 
 _embedded: cluster.StartedNode | None = None
@@ -239,7 +240,7 @@ def _wait_ready(rt: ClientRuntime, refs: list[ObjectRef], num_returns: int,
         waiting = [r for r in refs if r.id not in ready
                    and not (timeout == 0 and rt.owned_pending(r))]
     lock = threading.Lock()
-    enough = threading.Event()
+    enough = Flag()
     cancels: list[Callable[[], None]] = []
 
     def arrived(object_id: bytes) -> None:

@@ -56,6 +56,7 @@ from rtml.rpc import messages as m
 from rtml.rpc.reactor import (
     CloseHandler,
     Connection,
+    Flag,
     Handler,
     Reactor,
     make_hello,
@@ -200,7 +201,7 @@ class ClientRuntime:
     def request(self, conn: Connection, make: Callable[[int], m.Msg],
                 timeout: float | None = 30.0) -> Any:
         """Send a request built with a fresh req_id and block for its reply."""
-        done = threading.Event()
+        done = Flag()
         box: list[Any] = []
         req_id = self.next_request_id()
 
@@ -362,7 +363,7 @@ class ClientRuntime:
             if not missing:
                 return
             remaining = [len(missing)]
-            done = threading.Event()
+            done = Flag()
 
             def arrived(_: bytes) -> None:
                 remaining[0] -= 1
@@ -373,7 +374,7 @@ class ClientRuntime:
                 self.store.add_waiter(object_id, arrived)
         self._block(done, deadline, missing)
 
-    def _block(self, done: threading.Event, deadline: float | None, ids: list[bytes]) -> None:
+    def _block(self, done: Flag, deadline: float | None, ids: list[bytes]) -> None:
         if done.is_set():
             return
         hook = self.blocked_hook
@@ -417,7 +418,7 @@ class ClientRuntime:
     def await_shared(self, object_id: bytes, owner: bytes, deadline: float | None,
                      node_id: bytes = b"") -> None:
         """Ask the node manager to make an object present here; block until it is."""
-        done = threading.Event()
+        done = Flag()
         box: list[m.ObjectAvailable] = []
         req_id = self.next_request_id()
 

@@ -109,9 +109,9 @@ class TaskSubmitter:
         self._pump(key, queue)
 
     def _pump(self, key: tuple[Any, ...], queue: ShapeQueue) -> None:
-        depth = _depth(queue)
         tasks = queue.tasks
         workers = queue.workers
+        depth = _depth(queue) if tasks and workers else 0
         while tasks and workers:
             worker = workers[0] if len(workers) == 1 else min(workers, key=_load)
             if len(worker.inflight) >= depth:

@@ -251,6 +251,38 @@ class Connection:
             self.on_close(self, reason)
 
 
+class Flag:
+    """A one-shot event for a single waiting thread: ``threading.Event`` without its
+    Condition (whose construction alone costs more than the rest of a ``get``'s wait).
+
+    Any thread may :meth:`set` it, any number of times; one thread waits.
+    """
+
+    __slots__ = ("_lock", "_set")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self._set = False
+
+    def set(self) -> None:
+        if self._set:
+            return
+        self._set = True
+        try:
+            self._lock.release()
+        except RuntimeError:  # a racing set() released it first
+            pass
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if not self._set:
+            self._lock.acquire(timeout=-1 if timeout is None else timeout)
+        return self._set
+
+
 class _Listener:
     """A listening socket whose accepted connections must authenticate first."""
 
@@ -335,7 +367,7 @@ class Reactor:
                     return
                 self._aside.wait(left)
 
-    def wait_serving(self, done: threading.Event, timeout: float | None) -> bool:
+    def wait_serving(self, done: threading.Event | Flag, timeout: float | None) -> bool:
         """Block until ``done`` is set or ``timeout`` passes, leading the loop meanwhile
         if no other waiter does. True if ``done`` was set."""
         if done.is_set():

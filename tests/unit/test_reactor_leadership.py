@@ -12,7 +12,7 @@ import pytest
 from rtml.rpc import messages as m
 from rtml.rpc import reactor as reactor_module
 from rtml.rpc.framing import frame
-from rtml.rpc.reactor import Connection, Reactor
+from rtml.rpc.reactor import Connection, Flag, Reactor
 
 WAIT_S = 10.0
 
@@ -157,3 +157,19 @@ def test_replies_expected_skip_the_grace(peer: Peer, monkeypatch: pytest.MonkeyP
     peer.send(4)
     assert done.wait(WAIT_S)
     assert peer.handler_thread(4) == background_id(peer)
+
+
+def test_flag_is_a_one_waiter_event() -> None:
+    flag = Flag()
+    assert not flag.is_set() and not flag.wait(0.01)
+    threading.Timer(0.02, flag.set).start()
+    assert flag.wait(WAIT_S) and flag.is_set()
+    flag.set()  # setting again is harmless
+    assert flag.wait(0) and flag.wait(None)
+    racing = Flag()
+    setters = [threading.Thread(target=racing.set) for _ in range(8)]
+    for t in setters:
+        t.start()
+    for t in setters:
+        t.join()
+    assert racing.wait(0)
