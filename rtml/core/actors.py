@@ -135,7 +135,9 @@ class ActorHandle:
         if name not in self._methods:
             raise AttributeError(f"actor {self._class_name!r} has no method {name!r}; "
                                  f"it has {sorted(self._methods)}")
-        return ActorMethod(self, name, {"num_returns": self._methods[name]})
+        method = ActorMethod(self, name, {"num_returns": self._methods[name]})
+        setattr(self, name, method)  # found directly from now on: no lookup per call
+        return method
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (ActorHandle, (self._actor_id, self._class_name, self._methods,
@@ -156,6 +158,8 @@ class ActorMethod:
         self._handle = handle
         self._name = name
         self._opts = options
+        self._task_name = options.get("name") or f"{handle._class_name}.{name}"
+        self._num_returns = options.get("num_returns", 1)
 
     def options(self, **options: Any) -> ActorMethod:
         check_options(options, METHOD_OPTIONS, f"actor method {self._name!r}")
@@ -163,10 +167,9 @@ class ActorMethod:
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         handle = self._handle
-        return submit_call(context.require_runtime(),
-                           name=self._opts.get("name") or f"{handle._class_name}.{self._name}",
+        return submit_call(context.require_runtime(), name=self._task_name,
                            function_id=b"", args=args, kwargs=kwargs,
-                           num_returns=self._opts.get("num_returns", 1), shape={},
+                           num_returns=self._num_returns, shape={},
                            max_retries=handle._max_task_retries, retry_exceptions=False,
                            actor_id=handle._actor_id, method=self._name)
 
