@@ -111,12 +111,15 @@ class TaskSubmitter:
     def _pump(self, key: tuple[Any, ...], queue: ShapeQueue) -> None:
         tasks = queue.tasks
         workers = queue.workers
-        depth = _depth(queue) if tasks and workers else 0
-        while tasks and workers:
-            worker = workers[0] if len(workers) == 1 else min(workers, key=_load)
-            if len(worker.inflight) >= depth:
-                break
-            self._push(worker, tasks.popleft())
+        if tasks and workers:
+            depth = _depth(queue)
+            pushed = True
+            while tasks and pushed:  # one task per worker with room per pass: evenly spread
+                pushed = False
+                for worker in workers:
+                    if len(worker.inflight) < depth and tasks:
+                        self._push(worker, tasks.popleft())
+                        pushed = True
         if not tasks and queue.lease_requests:
             self._cancel_lease_requests(queue)  # nothing left to place: stop asking
             return
@@ -338,10 +341,6 @@ class TaskSubmitter:
                     worker.nm.send(m.ReturnLease(worker.lease_id))
                 worker.conn.on_close = None
                 worker.conn.close("shutdown")
-
-
-def _load(worker: LeasedWorker) -> int:
-    return len(worker.inflight)
 
 
 def _depth(queue: ShapeQueue) -> int:
