@@ -83,6 +83,16 @@ class ShapeQueue:
     workers: list[LeasedWorker] = field(default_factory=list)
     lease_requests: set[int] = field(default_factory=set)
     avg_seconds: float = -1.0  # moving average of the run time; < 0: none finished yet
+    depth: int = 1  # how many tasks one worker may have in flight (from avg_seconds)
+
+    def timed(self, seconds: float) -> None:
+        """A task ran ``seconds``: update the average and the pipeline depth."""
+        avg = self.avg_seconds
+        avg = self.avg_seconds = seconds if avg < 0 else 0.8 * avg + 0.2 * seconds
+        if avg >= LONG_TASK_SECONDS or self.strategy == SPREAD:
+            self.depth = 1
+        else:
+            self.depth = min(PIPELINE_DEPTH, 1 + math.ceil(COVER_SECONDS / max(avg, 1e-6)))
 
 
 class TaskSubmitter:
@@ -112,7 +122,7 @@ class TaskSubmitter:
         tasks = queue.tasks
         workers = queue.workers
         if tasks and workers:
-            depth = _depth(queue)
+            depth = queue.depth
             pushed = True
             while tasks and pushed:  # one task per worker with room per pass: evenly spread
                 pushed = False
@@ -120,11 +130,12 @@ class TaskSubmitter:
                     if len(worker.inflight) < depth and tasks:
                         self._push(worker, tasks.popleft())
                         pushed = True
-        if not tasks and queue.lease_requests:
-            self._cancel_lease_requests(queue)  # nothing left to place: stop asking
+        if not tasks:
+            if queue.lease_requests:
+                self._cancel_lease_requests(queue)  # nothing left to place: stop asking
             return
         wanted = min(len(tasks), MAX_LEASE_REQUESTS) - len(queue.lease_requests)
-        for _ in range(max(0, wanted)):
+        for _ in range(wanted):
             self._request_lease(key, queue, self.rt.nm, self.rt.node_id, spilled=False)
 
     def _request_lease(self, key: tuple[Any, ...], queue: ShapeQueue, nm: Connection,
@@ -247,9 +258,7 @@ class TaskSubmitter:
             if record is None:
                 return
             queue = self.queues[worker.key]
-            elapsed = msg.end_ts - msg.start_ts
-            avg = queue.avg_seconds
-            queue.avg_seconds = elapsed if avg < 0 else 0.8 * avg + 0.2 * elapsed
+            queue.timed(msg.end_ts - msg.start_ts)
             retry = not record.cancelled and rt.owner.should_retry_exception(record, msg)
             if retry:
                 record.spec.attempt += 1
@@ -341,11 +350,3 @@ class TaskSubmitter:
                     worker.nm.send(m.ReturnLease(worker.lease_id))
                 worker.conn.on_close = None
                 worker.conn.close("shutdown")
-
-
-def _depth(queue: ShapeQueue) -> int:
-    """How many of the queue's tasks one worker may have in flight."""
-    avg = queue.avg_seconds
-    if avg < 0 or avg >= LONG_TASK_SECONDS or queue.strategy == SPREAD:
-        return 1
-    return min(PIPELINE_DEPTH, 1 + math.ceil(COVER_SECONDS / max(avg, 1e-6)))
