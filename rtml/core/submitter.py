@@ -9,11 +9,11 @@
     worker gone  -> retry in-flight tasks (max_retries) or fail them
 
 Leases are kept while tasks of their shape keep coming and handed back after
-``LEASE_IDLE_TIMEOUT`` idle. Tasks are pipelined: each worker gets enough in
-flight to cover a result's round trip (``COVER_SECONDS`` of work, 16 at most),
-so it never idles waiting for the next one while short tasks stay spread
-evenly; long tasks (and tasks not yet timed) go one at a time, so they spread
-over every leased worker.
+``LEASE_IDLE_TIMEOUT`` idle. Tasks are pipelined by their function's measured
+run time: each worker gets enough in flight to cover a result's round trip
+(``COVER_SECONDS`` of work, 16 at most), so it never idles waiting for the next
+one while short tasks stay spread evenly; long tasks (and functions not yet
+timed) go one at a time, so they spread over every leased worker.
 """
 
 from __future__ import annotations
@@ -82,17 +82,25 @@ class ShapeQueue:
     tasks: deque[TaskRecord] = field(default_factory=deque)
     workers: list[LeasedWorker] = field(default_factory=list)
     lease_requests: set[int] = field(default_factory=set)
-    avg_seconds: float = -1.0  # moving average of the run time; < 0: none finished yet
-    depth: int = 1  # how many tasks one worker may have in flight (from avg_seconds)
 
-    def timed(self, seconds: float) -> None:
-        """A task ran ``seconds``: update the average and the pipeline depth."""
-        avg = self.avg_seconds
-        avg = self.avg_seconds = seconds if avg < 0 else 0.8 * avg + 0.2 * seconds
-        if avg >= LONG_TASK_SECONDS or self.strategy == SPREAD:
-            self.depth = 1
-        else:
-            self.depth = min(PIPELINE_DEPTH, 1 + math.ceil(COVER_SECONDS / max(avg, 1e-6)))
+
+class RunTimes:
+    """Each function's moving-average run time and the pipeline depth that allows.
+
+    Per function, not per resource shape: functions of one shape share leases, and a
+    long task must not be queued behind a short one's deep pipeline.
+    """
+
+    def __init__(self) -> None:
+        self._avg: dict[bytes, float] = {}
+        self.depth: dict[bytes, int] = {}  # absent: never timed, one at a time
+
+    def record(self, function_id: bytes, seconds: float) -> None:
+        avg = self._avg.get(function_id)
+        avg = self._avg[function_id] = seconds if avg is None else 0.8 * avg + 0.2 * seconds
+        self.depth[function_id] = (1 if avg >= LONG_TASK_SECONDS else
+                                   min(PIPELINE_DEPTH, 1 + math.ceil(COVER_SECONDS /
+                                                                     max(avg, 1e-6))))
 
 
 class TaskSubmitter:
@@ -100,6 +108,7 @@ class TaskSubmitter:
         self.rt = runtime
         self.queues: dict[tuple[Any, ...], ShapeQueue] = {}
         self.records: dict[bytes, TaskRecord] = {}
+        self.run_times = RunTimes()
         # req_id -> (queue key, the node manager asked, that node's id)
         self._lease_keys: dict[int, tuple[tuple[Any, ...], Connection, bytes]] = {}
 
@@ -122,12 +131,16 @@ class TaskSubmitter:
         tasks = queue.tasks
         workers = queue.workers
         if tasks and workers:
-            depth = queue.depth
+            depths = self.run_times.depth
+            spread = queue.strategy == SPREAD  # one task per lease: each placed on its own
             pushed = True
             while tasks and pushed:  # one task per worker with room per pass: evenly spread
                 pushed = False
                 for worker in workers:
-                    if len(worker.inflight) < depth and tasks:
+                    if not tasks:
+                        break
+                    depth = 1 if spread else depths.get(tasks[0].spec.function_id, 1)
+                    if len(worker.inflight) < depth:
                         self._push(worker, tasks.popleft())
                         pushed = True
         if not tasks:
@@ -258,7 +271,7 @@ class TaskSubmitter:
             if record is None:
                 return
             queue = self.queues[worker.key]
-            queue.timed(msg.end_ts - msg.start_ts)
+            self.run_times.record(record.spec.function_id, msg.end_ts - msg.start_ts)
             retry = not record.cancelled and rt.owner.should_retry_exception(record, msg)
             if retry:
                 record.spec.attempt += 1

@@ -156,6 +156,10 @@ def test_spread_spreads_over_the_nodes(three_nodes) -> None:
 
 def test_spillback_when_the_local_node_is_full(three_nodes) -> None:
     _, head, node2, node3 = three_nodes
+    # node_of is short and shares sleepy_node's lease shape: its deep pipeline must not
+    # queue the long tasks on the one worker the head grants (they would all run there).
+    rtml.get([node_of.remote() for _ in range(50)])
+    time.sleep(1.0)  # its idle leases go back
     started = time.monotonic()
     where = rtml.get([sleepy_node.remote(1.0) for _ in range(4)])
     elapsed = time.monotonic() - started
