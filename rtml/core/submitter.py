@@ -84,23 +84,27 @@ class ShapeQueue:
     lease_requests: set[int] = field(default_factory=set)
 
 
-class RunTimes:
-    """Each function's moving-average run time and the pipeline depth that allows.
+RunKey = tuple[tuple[Any, ...], bytes]  # (lease queue key, function id)
 
-    Per function, not per resource shape: functions of one shape share leases, and a
-    long task must not be queued behind a short one's deep pipeline.
+
+class RunTimes:
+    """Moving-average run time and the pipeline depth it allows, per function and
+    lease queue.
+
+    Not per queue alone: functions of one shape share leases, and a long task must
+    not be queued behind another function's deep pipeline. Not per function alone:
+    one function's calls under other options (``num_gpus=2`` vs 1) are other work.
     """
 
     def __init__(self) -> None:
-        self._avg: dict[bytes, float] = {}
-        self.depth: dict[bytes, int] = {}  # absent: never timed, one at a time
+        self._avg: dict[RunKey, float] = {}
+        self.depth: dict[RunKey, int] = {}  # absent: never timed, one at a time
 
-    def record(self, function_id: bytes, seconds: float) -> None:
-        avg = self._avg.get(function_id)
-        avg = self._avg[function_id] = seconds if avg is None else 0.8 * avg + 0.2 * seconds
-        self.depth[function_id] = (1 if avg >= LONG_TASK_SECONDS else
-                                   min(PIPELINE_DEPTH, 1 + math.ceil(COVER_SECONDS /
-                                                                     max(avg, 1e-6))))
+    def record(self, key: RunKey, seconds: float) -> None:
+        avg = self._avg.get(key)
+        avg = self._avg[key] = seconds if avg is None else 0.8 * avg + 0.2 * seconds
+        self.depth[key] = (1 if avg >= LONG_TASK_SECONDS else
+                           min(PIPELINE_DEPTH, 1 + math.ceil(COVER_SECONDS / max(avg, 1e-6))))
 
 
 class TaskSubmitter:
@@ -139,7 +143,7 @@ class TaskSubmitter:
                 for worker in workers:
                     if not tasks:
                         break
-                    depth = 1 if spread else depths.get(tasks[0].spec.function_id, 1)
+                    depth = 1 if spread else depths.get((key, tasks[0].spec.function_id), 1)
                     if len(worker.inflight) < depth:
                         self._push(worker, tasks.popleft())
                         pushed = True
@@ -271,7 +275,8 @@ class TaskSubmitter:
             if record is None:
                 return
             queue = self.queues[worker.key]
-            self.run_times.record(record.spec.function_id, msg.end_ts - msg.start_ts)
+            self.run_times.record((worker.key, record.spec.function_id),
+                                  msg.end_ts - msg.start_ts)
             retry = not record.cancelled and rt.owner.should_retry_exception(record, msg)
             if retry:
                 record.spec.attempt += 1
