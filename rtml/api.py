@@ -7,7 +7,6 @@ import json
 import os
 import sys
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -241,7 +240,6 @@ def _wait_ready(rt: ClientRuntime, refs: list[ObjectRef], num_returns: int,
                    and not (timeout == 0 and rt.owned_pending(r))]
     lock = threading.Lock()
     enough = Flag()
-    cancels: list[Callable[[], None]] = []
 
     def arrived(object_id: bytes) -> None:
         with lock:
@@ -249,8 +247,7 @@ def _wait_ready(rt: ClientRuntime, refs: list[ObjectRef], num_returns: int,
             if len(ready) >= num_returns:
                 enough.set()
 
-    for ref in waiting:
-        cancels.append(rt.on_ready(ref, arrived, fetch_local))
+    cancel_waits = rt.on_ready(waiting, arrived, fetch_local)
     blocked = not enough.is_set() and timeout != 0
     if blocked and rt.blocked_hook is not None:
         rt.blocked_hook(True)  # inside a task: lend the CPU back while waiting
@@ -262,8 +259,7 @@ def _wait_ready(rt: ClientRuntime, refs: list[ObjectRef], num_returns: int,
             rt.blocked_hook(False)
     with lock:
         result = set(ready)
-    for cancel_fn in cancels:
-        cancel_fn()
+    cancel_waits()
     return result
 
 

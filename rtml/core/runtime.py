@@ -451,34 +451,41 @@ class ClientRuntime:
         """Ready now, without waiting (with ``fetch_local``: and a copy is on this node)."""
         return self.ready_now(ref) and not (fetch_local and self._elsewhere(ref.id))
 
-    def on_ready(self, ref: ObjectRef, callback: Callable[[bytes], Any],
+    def on_ready(self, refs: list[ObjectRef], callback: Callable[[bytes], Any],
                  fetch_local: bool = False) -> Callable[[], None]:
-        """Call ``callback(id)`` once ``ref`` is ready (with ``fetch_local``: once a copy
-        is on this node, pulling it here); returns a canceller."""
-        # The closures below hold the id, never the ObjectRef: a ref kept alive by a
-        # closure (they form a cycle through ``cancels``) would keep its object alive.
-        object_id, owner = ref.id, ref.owner
-        cancels: list[Callable[[], None]] = []
+        """Call ``callback(id)`` as each of ``refs`` becomes ready (with ``fetch_local``:
+        once a copy is on this node, pulling it here); returns a canceller.
 
-        def arrived(_: bytes) -> None:
+        One closure for all of them, so waiting on n refs costs n dict operations.
+        """
+        # The closures hold ids, never ObjectRefs: a ref kept alive by a closure (they
+        # form a cycle through ``pulls``) would keep its object alive.
+        owners = {ref.id: ref.owner for ref in refs}
+        owned: list[bytes] = []
+        pulls: list[Callable[[], None]] = []
+
+        def arrived(object_id: bytes) -> None:
             if fetch_local and self._elsewhere(object_id):
-                cancels.append(self._await_here(object_id, owner, callback))
+                pulls.append(self._await_here(object_id, owners[object_id], callback))
             else:
                 callback(object_id)
 
-        def cancel_all() -> None:
-            for cancel in cancels:
-                cancel()
+        def cancel() -> None:
+            for object_id in owned:
+                self.store.remove_waiter(object_id, arrived)
+            for forget in pulls:
+                forget()
 
         with self.lock:
-            if self.ready_now(ref):
-                arrived(object_id)
-                return cancel_all
-            if self.owned_pending(ref):
-                self.store.add_waiter(object_id, arrived)
-                cancels.append(lambda: self.store.remove_waiter(object_id, arrived))
-                return cancel_all
-        return self._await_here(object_id, owner, callback)
+            for ref in refs:
+                if self.ready_now(ref):
+                    arrived(ref.id)
+                elif self.owned_pending(ref):
+                    self.store.add_waiter(ref.id, arrived)
+                    owned.append(ref.id)
+                else:
+                    pulls.append(self._await_here(ref.id, ref.owner, callback))
+        return cancel
 
     def _elsewhere(self, object_id: bytes) -> bool:
         """An owned result that lives only on another node so far."""
@@ -507,7 +514,7 @@ class ClientRuntime:
             except BaseException as exc:
                 fut.set_exception(exc)
 
-        self.on_ready(ref, lambda _: threading.Thread(target=resolve, daemon=True).start())
+        self.on_ready([ref], lambda _: threading.Thread(target=resolve, daemon=True).start())
         return fut
 
     # -- tasks -------------------------------------------------------------------------------
