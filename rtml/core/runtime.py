@@ -99,7 +99,7 @@ class ClientRuntime:
         self.owner = TaskOwner(self)
         self.refs = ReferenceCounter(self)
         self.reactor = Reactor(f"rtml-{config.role}-io", cork=True)
-        self.reactor.expecting = lambda: bool(self.submitter.records)
+        self.reactor.expecting = self.submitter.has_queued
         self._req_ids = itertools.count(1)
         self._replies: dict[int, Callable[[Any], None]] = {}
         self._exported: set[bytes] = set()

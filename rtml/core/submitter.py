@@ -116,6 +116,10 @@ class TaskSubmitter:
         # req_id -> (queue key, the node manager asked, that node's id)
         self._lease_keys: dict[int, tuple[tuple[Any, ...], Connection, bytes]] = {}
 
+    def has_queued(self) -> bool:
+        """Tasks wait for a worker: results must be read promptly to push them."""
+        return any(queue.tasks for queue in self.queues.values())
+
     # -- submission (user thread, under the runtime lock) ------------------------------------
 
     def enqueue(self, record: TaskRecord) -> None:

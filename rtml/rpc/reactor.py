@@ -16,8 +16,9 @@ waits, so the reply wakes the very thread that wants it: no second thread
 wakes, no GIL hand-off. The background thread stands aside while a waiter
 leads and for ``HANDBACK_GRACE`` after, so a loop of ``get`` calls never wakes
 it; it takes the loop back at once when callbacks are posted, another thread
-is left waiting, or replies are still expected (``expecting``: tasks in flight,
-whose results must keep the pipeline fed while the caller runs its own code)::
+is left waiting, or replies are awaited to keep work flowing (``expecting``:
+tasks queued for a worker, pushed as results come in, while the caller runs its
+own code)::
 
     background: [lead: select/handle]--waiter arrives-->[aside]--grace, or work-->[lead]
     waiter:           wake bg, take the lead --> [select/handle until done] --> hand back
