@@ -59,11 +59,48 @@ class _ArrowData:
 _PLAIN = frozenset({type(None), bool, int, float, complex, str, bytes})
 """Types that hold no code, buffers or refs: the stdlib pickler is exact for them and
 ~15x cheaper than building a cloudpickle Pickler (0.3 vs 4 us for ``None``)."""
+_PLAIN_WALK = 256
+"""At most this many items are inspected to prove a value plain; bigger ones go to
+cloudpickle (whose cost then dominates no more than the walk would)."""
+
+
+_IN_BAND_ARRAYS = 64 * 1024
+"""Plain values whose arrays hold fewer bytes are pickled in band: out-of-band buffers
+(zero-copy into shared memory) cost ~10 us more per small array."""
+
+
+def _plain_array_bytes(value: Any) -> int:
+    """The bytes of the numpy arrays in ``value`` if it holds only builtin scalars, numpy
+    arrays without objects, and small dicts, lists and tuples of those (nothing to ship
+    by value: the stdlib pickler is exact, 2-3x cheaper than cloudpickle); else -1."""
+    stack = [value]
+    nbytes = 0
+    for _ in range(_PLAIN_WALK):
+        if not stack:
+            return nbytes
+        item = stack.pop()
+        kind = type(item)
+        if kind in _PLAIN:
+            continue
+        if kind is list or kind is tuple:
+            stack.extend(item)
+        elif kind is dict:
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif (kind.__name__ == "ndarray" and kind.__module__ == "numpy"
+              and not item.dtype.hasobject):
+            nbytes += item.nbytes
+        else:
+            return -1
+    return -1 if stack else nbytes
 
 
 def serialize(value: Any) -> Serialized:
     """Pickle ``value``; raises TypeError naming what could not be pickled."""
     if type(value) in _PLAIN:
+        return Serialized(pickle.dumps(value, protocol=5))
+    array_bytes = _plain_array_bytes(value)
+    if 0 <= array_bytes < _IN_BAND_ARRAYS:
         return Serialized(pickle.dumps(value, protocol=5))
     arrow = _arrow_ipc(value)
     if arrow is not None:
