@@ -9,13 +9,14 @@ Ray runs with ``--ray-python`` (default: ``$RAY_PYTHON``, else
 /work/ray-venv/bin/python), a separate virtualenv: Ray is never a dependency
 of rtml. If that interpreter cannot ``import ray``, only rtml is run.
 
-The body (``bench``) is one function that receives the engine module
+The body is micro.py's ``bench``: one function that receives the engine module
 (``import rtml as engine`` or ``import ray as engine``) and uses only the API
-the two share: ``init(num_cpus=2)``, ``remote``, ``get``, ``put`` and actors.
-Row names follow Ray's ``ray microbenchmark``. The parent takes the median of
-each row across rounds per engine and prints: row | rtml | ray | ratio | winner,
-where ratio is ray/rtml for latencies and rtml/ray for rates, so a ratio > 1
-always means rtml is better.
+the two share (``init(num_cpus=2)``, ``remote``, ``get``, ``put``, ``wait``, actors,
+``.options(...)``), so both engines report the same rows. Row names follow Ray's
+``ray microbenchmark``. The parent takes the median of each row across rounds per
+engine and prints: row | rtml | ray | ratio | winner, where ratio is ray/rtml for
+latencies and memory and rtml/ray for rates, so a ratio > 1 always means rtml is
+better. A row an engine could not measure prints as n/a with the reason.
 """
 
 from __future__ import annotations
@@ -28,184 +29,25 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-# The timing helpers are micro.py's (stdlib only at import, so the Ray venv can load them).
+# The benchmark body is micro.py's (stdlib only at import, so the Ray venv can load it).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from micro import (  # noqa: E402
-    ACTOR_ASYNC,
     ACTOR_SYNC,
-    BIG_BYTES,
-    GET_BIG,
-    GET_CALLS,
-    PUT_CALLS,
-    PUT_GB,
-    REMOTE_NODE,
+    REPO_ROOT,
+    ROW_NAMES,
     TASKS_ASYNC,
     TASKS_SYNC,
-    TRANSFER,
-    bench_two_nodes,
-    latency_row,
-    now_ns,
-    rate_row,
-    time_each,
+    bench,
+    child_env,
 )
-from micro import best_rate as _best_rate  # noqa: E402
 
-
-def best_rate(fn: Callable[[], Any], items: int, repeats: int) -> float:
-    """Best items/s over ``repeats`` runs of ``fn``."""
-    return _best_rate(fn, items, repeats)[0]
-
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
 THIS_FILE = Path(__file__).resolve()
 DEFAULT_RAY_PYTHON = "/work/ray-venv/bin/python"
 ENGINES = ("rtml", "ray")
 ROWS_MARK = "COMPARE_ROWS "
-
-INIT_FRESH = "init to first result"
-ROW_NAMES = [TASKS_SYNC, TASKS_ASYNC, ACTOR_SYNC, ACTOR_ASYNC, PUT_CALLS, GET_CALLS,
-             PUT_GB, GET_BIG, INIT_FRESH, REMOTE_NODE, TRANSFER]
-
-
-def init_kwargs(engine_name: str) -> dict[str, Any]:
-    """The same cluster shape for both engines: 2 CPUs, embedded."""
-    if engine_name == "ray":
-        return {"num_cpus": 2, "include_dashboard": False}
-    return {"num_cpus": 2}
-
-
-def child_env(engine_name: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("RTML_ADDRESS", None)  # embedded, whatever the caller's shell says
-    env.pop("RAY_ADDRESS", None)
-    if engine_name == "ray":
-        env["RAY_USAGE_STATS_ENABLED"] = "0"
-    return env
-
-
-# ---------------------------------------------------------------- the shared body
-
-FRESH_SCRIPT = r"""
-import time
-t = time.perf_counter()
-import {engine} as engine
-engine.init(**{kwargs!r})
-@engine.remote
-def f():
-    return 1
-assert engine.get(f.remote()) == 1
-elapsed = time.perf_counter() - t
-print("ELAPSED", repr(elapsed), flush=True)
-engine.shutdown()
-"""
-
-
-def bench_fresh_init(engine_name: str, runs: int) -> dict[str, Any]:
-    """Import + init + first task result, in a fresh process of this interpreter."""
-    script = FRESH_SCRIPT.format(engine=engine_name, kwargs=init_kwargs(engine_name))
-    samples_ns = []
-    for _ in range(runs):
-        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                              timeout=120, env=child_env(engine_name),
-                              cwd=str(REPO_ROOT))  # never a stray "rtml" dir on sys.path
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("ELAPSED ")]
-        if proc.returncode != 0 or not lines:
-            raise RuntimeError(f"fresh-process init failed (rc={proc.returncode}):\n"
-                               f"{proc.stdout}\n{proc.stderr}")
-        samples_ns.append(int(float(lines[-1].split()[1]) * 1e9))
-    return latency_row(INIT_FRESH, samples_ns)
-
-
-def bench(engine: Any, engine_name: str, quick: bool) -> list[dict[str, Any]]:
-    """The benchmark body, identical for both engines: ``engine`` is the module."""
-    import numpy as np
-
-    rows: list[dict[str, Any]] = []
-    # First, before this process starts its own cluster, so the fresh processes
-    # do not compete with a running cluster for the 2 cores.
-    rows.append(bench_fresh_init(engine_name, runs=3))
-
-    engine.init(**init_kwargs(engine_name))
-    try:
-        @engine.remote
-        def noop() -> None:
-            return None
-
-        @engine.remote
-        class Actor:
-            def noop(self) -> None:
-                return None
-
-        # -- no-op task round trip, one at a time
-        n_sync = 300 if quick else 2000
-        s = time_each(lambda: engine.get(noop.remote()), n_sync, warmup=200)
-        rows.append(latency_row(TASKS_SYNC, s))
-
-        # -- no-op throughput, 5,000 in flight, best of 3
-        n_async = 5000
-        engine.get([noop.remote() for _ in range(500)])
-        rows.append(rate_row(TASKS_ASYNC, best_rate(
-            lambda: engine.get([noop.remote() for _ in range(n_async)]), n_async, 3), "tasks/s"))
-
-        # -- actor calls: one at a time, then 1,000 pipelined (best of 3)
-        actor = Actor.remote()
-        engine.get(actor.noop.remote())
-        n_actor = 300 if quick else 2000
-        s = time_each(lambda: engine.get(actor.noop.remote()), n_actor, warmup=200)
-        rows.append(latency_row(ACTOR_SYNC, s))
-        n_pipe = 1000
-        rows.append(rate_row(ACTOR_ASYNC, best_rate(
-            lambda: engine.get([actor.noop.remote() for _ in range(n_pipe)]), n_pipe, 3),
-            "calls/s"))
-
-        # -- small objects: put(0) calls, get of one ready small ref
-        n_calls = 1000 if quick else 5000
-
-        def put_many() -> None:
-            for _ in range(n_calls):
-                engine.put(0)
-        put_many()  # warm-up
-        rows.append(rate_row(PUT_CALLS, best_rate(put_many, n_calls, 3), "puts/s"))
-        small_ref = engine.put(0)
-
-        def get_many() -> None:
-            for _ in range(n_calls):
-                engine.get(small_ref)
-        get_many()  # warm-up
-        rows.append(rate_row(GET_CALLS, best_rate(get_many, n_calls, 3), "gets/s"))
-
-        # -- 100 MB numpy array: put (GB/s, median), get (latency)
-        arr = np.random.default_rng(0).integers(0, 255, BIG_BYTES, dtype=np.uint8)
-        n_big_put = 2 if quick else 5
-        put_ns = []
-        for _ in range(n_big_put):
-            t0 = now_ns()
-            ref = engine.put(arr)
-            put_ns.append(now_ns() - t0)
-            del ref
-            time.sleep(0.05)  # let the free reach the store
-        put_ns.sort()
-        med_put_s = put_ns[len(put_ns) // 2] / 1e9
-        rows.append(rate_row(PUT_GB, BIG_BYTES / 1e9 / med_put_s, "GB/s"))
-
-        big_ref = engine.put(arr)
-        first = engine.get(big_ref)
-        assert first.nbytes == BIG_BYTES
-        del first
-        n_big_get = 20 if quick else 100
-
-        def get_big() -> None:
-            v = engine.get(big_ref)
-            del v
-        rows.append(latency_row(GET_BIG, time_each(get_big, n_big_get)))
-    finally:
-        engine.shutdown()
-    rows += bench_two_nodes(engine, engine_name, quick)
-    return rows
 
 
 def child_main(engine_name: str, quick: bool) -> int:
@@ -252,8 +94,12 @@ def run_child(engine_name: str, python: str, quick: bool) -> dict[str, Any] | No
     return out
 
 
+LOWER_IS_BETTER = ("latency", "memory")
+
+
 def headline(row: dict[str, Any]) -> float:
-    return row["median_us"] if row["kind"] == "latency" else row["rate"]
+    """The one number of a measured row: median latency, rate or size."""
+    return {"latency": row["median_us"], "memory": row["mb"]}.get(row["kind"], row["rate"])
 
 
 def fmt_us(v: float) -> str:
@@ -274,23 +120,34 @@ def fmt_value(kind: str, unit: str, v: float | None, p90: float | None = None) -
 
 
 def aggregate(results: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, dict[str, Any]]]:
-    """engine -> row name -> median across rounds of the headline (and p90)."""
+    """engine -> row name -> median across rounds of the headline (and p90), or the reason
+    the row is n/a."""
     agg: dict[str, dict[str, dict[str, Any]]] = {}
     for engine_name, runs in results.items():
         per_row: dict[str, dict[str, Any]] = {}
         for name in ROW_NAMES:
             rows = [r for run in runs for r in run["rows"] if r["name"] == name]
-            if not rows:
+            measured = [r for r in rows if not r.get("na")]
+            if not measured:
+                per_row[name] = {"na": rows[0]["note"] if rows else "not reported"}
                 continue
             per_row[name] = {
-                "kind": rows[0]["kind"], "unit": rows[0]["unit"],
-                "value": statistics.median(headline(r) for r in rows),
-                "p90": (statistics.median(r["p90_us"] for r in rows)
-                        if rows[0]["kind"] == "latency" else None),
-                "rounds": [headline(r) for r in rows],
+                "kind": measured[0]["kind"], "unit": measured[0]["unit"],
+                "value": statistics.median(headline(r) for r in measured),
+                "p90": (statistics.median(r["p90_us"] for r in measured)
+                        if measured[0]["kind"] == "latency" else None),
+                "rounds": [headline(r) for r in measured],
             }
         agg[engine_name] = per_row
     return agg
+
+
+def fmt_cell(entry: dict[str, Any] | None) -> str:
+    if entry is None:
+        return "-"  # the engine did not run
+    if "na" in entry:
+        return f"n/a ({entry['na']})"
+    return fmt_value(entry["kind"], entry["unit"], entry["value"], entry["p90"])
 
 
 def render(agg: dict[str, dict[str, dict[str, Any]]]) -> str:
@@ -299,15 +156,10 @@ def render(agg: dict[str, dict[str, dict[str, Any]]]) -> str:
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for name in ROW_NAMES:
         a, b = rt.get(name), ry.get(name)
-        ref = a or b
-        if ref is None:
-            continue
-        kind, unit = ref["kind"], ref["unit"]
-        cells = [name,
-                 fmt_value(kind, unit, a["value"], a["p90"]) if a else "-",
-                 fmt_value(kind, unit, b["value"], b["p90"]) if b else "-"]
-        if a and b and a["value"] and b["value"]:
-            ratio = (b["value"] / a["value"]) if kind == "latency" else (a["value"] / b["value"])
+        cells = [name, fmt_cell(a), fmt_cell(b)]
+        if a and b and a.get("value") and b.get("value"):
+            lower_better = a["kind"] in LOWER_IS_BETTER
+            ratio = (b["value"] / a["value"]) if lower_better else (a["value"] / b["value"])
             winner = "tie" if 0.95 <= ratio <= 1.05 else ("rtml" if ratio > 1 else "ray")
             cells += [f"{ratio:.2f}x", winner]
         else:
@@ -322,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ray-python", default=os.environ.get("RAY_PYTHON") or DEFAULT_RAY_PYTHON,
                    help="interpreter of the virtualenv that has ray "
                         "(default: $RAY_PYTHON or %(default)s)")
-    p.add_argument("--quick", action="store_true", help="fewer samples (whole run < ~2 min)")
+    p.add_argument("--quick", action="store_true", help="fewer samples")
     p.add_argument("--json", dest="json_file", default=None, help="write raw results here")
     p.add_argument("--child", choices=ENGINES, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -354,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             summary = ", ".join(
                 f"{r['name'].replace('single client ', '')} "
                 f"{fmt_value(r['kind'], r['unit'], headline(r))}" for r in res["rows"]
-                if r["name"] in (TASKS_SYNC, TASKS_ASYNC, ACTOR_SYNC))
+                if r["name"] in (TASKS_SYNC, TASKS_ASYNC, ACTOR_SYNC) and not r.get("na"))
             print(f"{res['wall_s']:.0f} s ({summary})", flush=True)
     wall = time.perf_counter() - t0
     load_after = os.getloadavg()
@@ -367,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{os.cpu_count()} cpus; Python {platform.python_version()} (rtml); "
           f"wall {wall:.0f} s; load avg {'/'.join(f'{x:.2f}' for x in load_before)} before, "
           f"{'/'.join(f'{x:.2f}' for x in load_after)} after")
-    print("ratio: ray/rtml for latencies, rtml/ray for rates (> 1 means rtml is better)")
+    print("ratio: ray/rtml for latencies and memory, rtml/ray for rates "
+          "(> 1 means rtml is better)")
     print(render(agg))
     if args.json_file:
         with open(args.json_file, "w") as f:
