@@ -486,7 +486,13 @@ class Reactor:
         if self.in_reactor():
             self._dirty.add(conn)
         else:
-            self.call_soon(self._dirty.add, conn)
+            self.call_soon(self._mark_dirty, conn)
+
+    def _mark_dirty(self, conn: Connection) -> None:
+        # Not ``call_soon(self._dirty.add, ...)``: that binds the set of the moment, and
+        # the set is swapped at each flush; a late add to an old set loses the flush, and
+        # the connection's later frames wait forever behind the unflushed ones.
+        self._dirty.add(conn)
 
     def _flush_dirty(self) -> None:
         dirty, self._dirty = self._dirty, set()

@@ -173,3 +173,19 @@ def test_flag_is_a_one_waiter_event() -> None:
     for t in setters:
         t.join()
     assert racing.wait(0)
+
+
+def test_a_flush_asked_from_another_thread_survives_the_dirty_set_swap() -> None:
+    reactor = Reactor("test-flush")  # not started: this test plays the loop's steps itself
+    ours, theirs = socket.socketpair()
+    try:
+        conn = Connection(reactor, ours, lambda c, msg: None, name="peer")
+        conn.send_soon(m.StoreStats(7))  # not the loop's thread: posts the flush request
+        reactor._flush_dirty()  # an iteration ends (the dirty set is swapped) ...
+        reactor._run_calls()  # ... before the next one runs the posted request
+        reactor._flush_dirty()
+        theirs.settimeout(5)
+        assert m.decode(theirs.recv(4096)[4:]) == m.StoreStats(7)
+    finally:
+        reactor.close()
+        theirs.close()
