@@ -59,8 +59,12 @@ class ReferenceCounter:
 
     def decref(self, object_id: bytes, owner: bytes) -> None:
         # Runs inside __del__, possibly while this thread holds a lock: only append.
-        # API calls drain the queue; the reactor is woken only when it grows long.
-        self.refops.append((object_id, -1))
+        self._queue(object_id, -1)
+
+    def _queue(self, object_id: bytes, delta: int) -> None:
+        """Queue a change; API calls drain the queue, the reactor only when it grows long
+        or sits idle."""
+        self.refops.append((object_id, delta))
         if len(self.refops) >= REFOPS_BATCH and not self._refops_scheduled:
             self._refops_scheduled = True
             self.rt.reactor.call_soon(self.process_refops)
@@ -80,8 +84,9 @@ class ReferenceCounter:
         rt = self.rt
         if node_id and node_id != rt.node_id and ref.owner != rt.client_id:
             self.locations.setdefault(ref.id, node_id)
-        self.refops.append((ref.id, 0))
-        self.process_refops()
+        # Queued, not sent at once: whatever unpickled the ref (a get, a task's argument)
+        # still holds its container, and drains the queue before letting go of it.
+        self._queue(ref.id, 0)
 
     def location_of(self, object_id: bytes) -> bytes:
         """The node holding the object's primary copy, as far as this process knows."""

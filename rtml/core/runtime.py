@@ -354,7 +354,10 @@ class ClientRuntime:
         """Values of ``refs`` in order. Raises the stored error, or GetTimeoutError."""
         deadline = None if timeout is None else time.monotonic() + timeout
         self._wait_owned([r for r in refs if r.owner == self.client_id], deadline)
-        return [self._value(r, deadline) for r in refs]
+        values = [self._value(r, deadline) for r in refs]
+        if self.refs.refops:
+            self.refs.process_refops()  # holds for refs found inside the values, in one batch
+        return values
 
     def _wait_owned(self, refs: list[ObjectRef], deadline: float | None) -> None:
         with self.lock:
