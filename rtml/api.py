@@ -216,7 +216,7 @@ def wait(refs: list[ObjectRef], *, num_returns: int = 1, timeout: float | None =
     if isinstance(refs, ObjectRef) or not isinstance(refs, (list, tuple)):
         raise TypeError(f"wait() takes a list of ObjectRefs, got {type(refs).__name__}")
     ref_list, _ = _as_refs(list(refs), "wait()") if refs else ([], False)
-    if len(set(ref_list)) != len(ref_list):
+    if len({r.id for r in ref_list}) != len(ref_list):
         raise ValueError("wait() got duplicate ObjectRefs; pass each ref once")
     if not ref_list:
         return [], []
@@ -224,14 +224,20 @@ def wait(refs: list[ObjectRef], *, num_returns: int = 1, timeout: float | None =
         raise ValueError(f"num_returns must be between 1 and len(refs)={len(ref_list)}, "
                          f"got {num_returns!r}")
     ready = _wait_ready(rt, ref_list, num_returns, timeout, fetch_local)
-    chosen = set([r.id for r in ref_list if r.id in ready][:num_returns])
-    return ([r for r in ref_list if r.id in chosen], [r for r in ref_list if r.id not in chosen])
+    chosen: list[ObjectRef] = []
+    rest: list[ObjectRef] = []
+    for ref in ref_list:  # the first num_returns ready ones, in input order
+        (chosen if ref.id in ready and len(chosen) < num_returns else rest).append(ref)
+    return chosen, rest
 
 
 def _wait_ready(rt: ClientRuntime, refs: list[ObjectRef], num_returns: int,
                 timeout: float | None, fetch_local: bool) -> set[bytes]:
+    entries, elsewhere = rt.store.entries, rt.refs.locations if fetch_local else {}
     with rt.lock:
-        ready = {r.id for r in refs if rt.ready_here(r, fetch_local)}
+        # Inline: a value in the memory store not known to live on another node is ready.
+        ready = {r.id for r in refs if (r.id in entries and r.id not in elsewhere)
+                 or rt.ready_here(r, fetch_local)}
         if len(ready) >= num_returns:
             return ready  # no callbacks to register and cancel: O(refs) cheap checks
         # Only callbacks can make a ref ready; with timeout 0 an owned task's result
