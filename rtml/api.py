@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import signal
 import sys
 import threading
 from itertools import repeat
@@ -26,6 +27,7 @@ from rtml.session import Session, default_session_dir, fresh_session_dir, new_to
 
 _embedded: cluster.StartedNode | None = None
 _init_lock = threading.Lock()
+_sigint_handler: Any = None  # ours, while init() has replaced the default Ctrl-C handler
 _ID = attrgetter("id")  # an ObjectRef's id, at C speed over many refs
 
 
@@ -79,9 +81,38 @@ def init(address: str | None = None, *, num_cpus: float | None = None,
         rt = _connect(session, head_address, nm_address, token, namespace or "",
                       log_to_driver)
         context.set_runtime(rt)
+        _defer_ctrl_c(rt)
         _context = InitContext({"address": head_address, "node_id": rt.node_id.hex(),
                                 "session_dir": str(session.root)})
         return _context
+
+
+def _defer_ctrl_c(rt: ClientRuntime) -> None:
+    """Ctrl-C while the main thread leads the I/O loop (blocked in get/wait) is raised
+    once it hands the loop back, not inside a message handler (which would lose
+    messages). Only Python's default handler is replaced, and only from the main thread.
+    """
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        return
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if rt.reactor.leads_here():
+            rt.reactor.interrupt_leader(KeyboardInterrupt())
+            return
+        signal.default_int_handler(signum, frame)
+
+    global _sigint_handler
+    signal.signal(signal.SIGINT, on_sigint)
+    _sigint_handler = on_sigint
+
+
+def _restore_ctrl_c() -> None:
+    global _sigint_handler
+    if (_sigint_handler is not None and threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is _sigint_handler):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    _sigint_handler = None
 
 
 def _join_info(address: str, token: str | None,
@@ -157,6 +188,7 @@ def shutdown() -> None:
         if rt is not None:
             context.set_runtime(None)
             rt.close()
+        _restore_ctrl_c()
         _context = None
         _stop_embedded()
 
@@ -195,10 +227,17 @@ def _as_refs(value: Any, what: str) -> tuple[list[ObjectRef], bool]:
                     f"passed")
 
 
+def _check_timeout(timeout: float | None, what: str) -> None:
+    if timeout is not None and not timeout >= 0:
+        raise ValueError(f"{what} timeout must be None (wait forever) or >= 0 seconds, got "
+                         f"{timeout!r}")
+
+
 def get(refs: Any, *, timeout: float | None = None) -> Any:
     """Block for the value(s) of ``refs``; raises the task's error or GetTimeoutError."""
     rt = context.require_runtime()
     ref_list, single = _as_refs(refs, "get()")
+    _check_timeout(timeout, "get()")
     values = rt.get(ref_list, timeout)
     return values[0] if single else values
 
@@ -219,6 +258,7 @@ def wait(refs: list[ObjectRef], *, num_returns: int = 1, timeout: float | None =
     if isinstance(refs, ObjectRef) or not isinstance(refs, (list, tuple)):
         raise TypeError(f"wait() takes a list of ObjectRefs, got {type(refs).__name__}")
     ref_list, _ = _as_refs(refs, "wait()") if refs else ([], False)
+    _check_timeout(timeout, "wait()")
     ids = list(map(_ID, ref_list))
     if len(set(ids)) != len(ids):
         raise ValueError("wait() got duplicate ObjectRefs; pass each ref once")

@@ -234,7 +234,8 @@ class Executor:
     # -- cancellation --------------------------------------------------------------------------
 
     def cancel(self, task_id: bytes) -> None:
-        """Called on the I/O thread: interrupt ``task_id`` if running, else skip it later."""
+        """Called on the thread leading the I/O loop (the main thread itself while the task
+        waits in get): interrupt ``task_id`` if running, else skip it later."""
         self.cancelled.add(task_id)
         if self.current == task_id:
             signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGUSR1)
@@ -242,15 +243,18 @@ class Executor:
     def _on_cancel_signal(self, signum: int, frame: Any) -> None:
         current = self.current
         if current is not None and current in self.cancelled:
-            raise TaskCancelledError("task was cancelled")
+            error = TaskCancelledError("task was cancelled")
+            if self.rt.reactor.leads_here():  # inside a message handler: not here
+                self.rt.reactor.interrupt_leader(error)
+                return
+            raise error
 
     # -- actors ------------------------------------------------------------------------------
 
     def become_actor(self, spec: m.ActorSpec, gpu_ids: list[int]) -> str:
         """Construct the actor; return the constructor's error text, or ''."""
         self.actor = spec
-        if gpu_ids:
-            set_visible_gpus(gpu_ids)
+        set_visible_gpus(gpu_ids)  # for its whole life: its methods never change it
         context.set_actor(spec.actor_id)
         for path in spec.sys_paths:
             if path not in sys.path:

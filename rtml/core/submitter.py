@@ -58,6 +58,7 @@ class TaskRecord:
     cancelled: bool = False
     worker: LeasedWorker | None = None
     done: bool = False
+    solo: bool = False  # pushed alone (untimed or long): nothing may queue behind it
 
 
 @dataclass(eq=False)
@@ -70,6 +71,7 @@ class LeasedWorker:
     node_id: bytes
     gpu_ids: list[int] = field(default_factory=list)
     inflight: dict[bytes, TaskRecord] = field(default_factory=dict)
+    solo: int = 0  # in-flight tasks pushed alone
     idle_since: float = 0.0
     timer_armed: bool = False
 
@@ -117,8 +119,11 @@ class TaskSubmitter:
         self._lease_keys: dict[int, tuple[tuple[Any, ...], Connection, bytes]] = {}
 
     def has_queued(self) -> bool:
-        """Tasks wait for a worker: results must be read promptly to push them."""
-        return any(queue.tasks for queue in self.queues.values())
+        """Tasks wait for a worker: results must be read promptly to push them.
+
+        Called without the runtime lock: ``list()`` copies the queues in one step, so a
+        queue added meanwhile by another thread cannot break the iteration."""
+        return any(queue.tasks for queue in list(self.queues.values()))
 
     # -- submission (user thread, under the runtime lock) ------------------------------------
 
@@ -148,8 +153,8 @@ class TaskSubmitter:
                     if not tasks:
                         break
                     depth = 1 if spread else depths.get((key, tasks[0].spec.function_id), 1)
-                    if len(worker.inflight) < depth:
-                        self._push(worker, tasks.popleft())
+                    if len(worker.inflight) < depth and not worker.solo:
+                        self._push(worker, tasks.popleft(), depth == 1)
                         pushed = True
         if not tasks:
             if queue.lease_requests:
@@ -183,8 +188,10 @@ class TaskSubmitter:
                 entry[1].send(m.CancelLeaseRequest(req_id))
         queue.lease_requests.clear()
 
-    def _push(self, worker: LeasedWorker, record: TaskRecord) -> None:
+    def _push(self, worker: LeasedWorker, record: TaskRecord, solo: bool) -> None:
         record.worker = worker
+        record.solo = solo
+        worker.solo += solo
         if worker.gpu_ids:
             record.spec.gpu_ids = worker.gpu_ids
         busy = bool(worker.inflight)
@@ -278,6 +285,7 @@ class TaskSubmitter:
             record = worker.inflight.pop(msg.task_id, None)
             if record is None:
                 return
+            worker.solo -= record.solo
             queue = self.queues[worker.key]
             self.run_times.record((worker.key, record.spec.function_id),
                                   msg.end_ts - msg.start_ts)
@@ -346,6 +354,7 @@ class TaskSubmitter:
                         f"and its {record.max_retries} retries are used up; see the worker "
                         f"logs in {rt.session_dir}/logs")))
             worker.inflight.clear()
+            worker.solo = 0
             self._pump(worker.key, queue)
         for record, error in failed:
             rt.owner.fail_task(record, error)

@@ -280,7 +280,7 @@ class Flag:
 
     def wait(self, timeout: float | None = None) -> bool:
         if not self._set:
-            self._lock.acquire(timeout=-1 if timeout is None else timeout)
+            self._lock.acquire(timeout=-1 if timeout is None else max(0.0, timeout))
         return self._set
 
 
@@ -318,6 +318,7 @@ class Reactor:
         self._handed_back = 0.0
         self._aside_until_told = False  # the background thread waits for the hand-back
         self._resume = False  # the last hand-back skips the grace
+        self._interrupt: BaseException | None = None  # raised in the leader after hand-back
         self.expecting: Callable[[], bool] = _never  # replies due: no grace after a hand-back
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -370,9 +371,16 @@ class Reactor:
 
     def wait_serving(self, done: threading.Event | Flag, timeout: float | None) -> bool:
         """Block until ``done`` is set or ``timeout`` passes, leading the loop meanwhile
-        if no other waiter does. True if ``done`` was set."""
+        if no other waiter does. True if ``done`` was set.
+
+        An exception meant for this thread while it leads (a signal handler's: Ctrl-C,
+        a task's cancellation) is handed to :meth:`interrupt_leader` instead of being
+        raised inside a message handler, and raised here once the loop is handed back.
+        """
         if done.is_set():
             return True
+        if timeout is not None and timeout <= 0:
+            return False  # a poll: never take the loop (it would renew the grace)
         me = threading.get_ident()
         with self._aside:
             lead = (self._borrower is None and self._running and self._thread is not None
@@ -395,7 +403,7 @@ class Reactor:
                 return done.is_set()
             try:
                 self.thread_id = me
-                while not done.is_set() and self._running:
+                while not done.is_set() and self._running and self._interrupt is None:
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
                         break
@@ -408,13 +416,34 @@ class Reactor:
                 self._borrower = None
                 self._handed_back = time.monotonic()
                 self._resume = (bool(self._followers or self._calls) or not self._running
-                                or self.expecting())
+                                or self._expected())
                 if self._resume or self._aside_until_told:
                     self._aside.notify_all()
+        interrupt, self._interrupt = self._interrupt, None
+        if interrupt is not None:
+            raise interrupt
         if done.is_set() or self._running:
             return done.is_set()
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         return done.wait(left)  # stopped under us: whoever stops it may still set done
+
+    def _expected(self) -> bool:
+        try:
+            return self.expecting()
+        except Exception:  # a broken hook must not keep the loop idle: take it back
+            log.exception("%s: expecting() failed", self.name)
+            return True
+
+    def leads_here(self) -> bool:
+        """This thread is inside :meth:`wait_serving` as the loop's leader (or about to
+        be): an exception must not be raised into it (see :meth:`interrupt_leader`)."""
+        return self._borrower == threading.get_ident()
+
+    def interrupt_leader(self, exc: BaseException) -> None:
+        """Have the leading waiter (this thread, in a signal handler) raise ``exc`` once it
+        has handed the loop back, instead of inside whatever handler it is running."""
+        self._interrupt = exc
+        self._wake()
 
     def stop(self) -> None:
         self._running = False

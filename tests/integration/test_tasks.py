@@ -254,6 +254,54 @@ def test_cancel_running_sleep_task(tmp_path) -> None:
     assert rtml.get(add.remote(1, 1), timeout=30) == 2
 
 
+@rtml.remote
+def sleep_until(path: str) -> None:
+    while not os.path.exists(path):
+        time.sleep(0.01)
+
+
+@rtml.remote
+def waits_on_sleeper(marker: str, release: str) -> None:
+    inner = sleep_until.remote(release)
+    open(marker, "w").close()
+    rtml.get(inner)
+
+
+def test_cancel_reaches_a_task_blocked_in_get(tmp_path) -> None:
+    # While it waits, the task's own thread runs the I/O loop: the cancellation must
+    # still end the wait, not be raised (and lost) inside a message handler, which
+    # would leave the task blocked until its inner task ends.
+    marker, release = str(tmp_path / "started"), str(tmp_path / "release")
+    ref = waits_on_sleeper.options(max_retries=0).remote(marker, release)
+    try:
+        _wait_for_file(marker)
+        rtml.cancel(ref, recursive=False)
+        with pytest.raises(TaskCancelledError):
+            rtml.get(ref, timeout=10)
+    finally:
+        open(release, "w").close()  # ends the inner task (cancel is not recursive)
+
+
+def test_negative_timeouts_are_refused_clearly() -> None:
+    ref = add.remote(1, 1)
+    with pytest.raises(ValueError, match="timeout must be None"):
+        rtml.get(ref, timeout=-1)
+    with pytest.raises(ValueError, match="timeout must be None"):
+        rtml.wait([ref], timeout=-0.5)
+    assert rtml.get(ref, timeout=30) == 2
+
+
+def test_a_short_task_does_not_queue_behind_a_long_one(tmp_path) -> None:
+    rtml.get([timed_sleep.remote(0) for _ in range(50)])  # timed: a short function
+    marker = str(tmp_path / "started")
+    slow = sleep_forever.options(max_retries=0).remote(marker)  # untimed: runs alone
+    _wait_for_file(marker)
+    # The other CPU is free: the short task must run there, not wait behind the long one.
+    start, end = rtml.get(timed_sleep.remote(0), timeout=20)
+    assert end - start < 5
+    rtml.cancel(slow, force=True)
+
+
 def test_force_cancel_running_task(tmp_path) -> None:
     marker = str(tmp_path / "started")
     ref = sleep_forever.remote(marker)

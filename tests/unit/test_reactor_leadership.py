@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -27,10 +27,12 @@ class Peer:
         self.handled: dict[int, tuple[int, threading.Event]] = {}
         self.waiting: dict[int, threading.Event] = {}
         self.lock = threading.Lock()
+        self.hook: Callable[[int], None] = lambda req_id: None  # runs first, per message
         self.reactor.start()
         self.reactor.add(Connection(self.reactor, ours, self._on_message, name="peer"))
 
     def _on_message(self, conn: Connection, msg: Any) -> None:
+        self.hook(msg.req_id)
         with self.lock:
             done = self.waiting[msg.req_id]
             self.handled[msg.req_id] = (threading.get_ident(), done)
@@ -189,3 +191,45 @@ def test_a_flush_asked_from_another_thread_survives_the_dirty_set_swap() -> None
     finally:
         reactor.close()
         theirs.close()
+
+
+def test_an_interrupt_in_a_handler_is_raised_after_the_hand_back(peer: Peer) -> None:
+    """Ctrl-C (or a cancellation) arriving while this thread dispatches a batch must not
+    cost the rest of the batch: it is raised once the loop is handed back."""
+    first, second = peer.expect(21), peer.expect(22)
+
+    def interrupt_at_21(req_id: int) -> None:
+        if req_id == 21:
+            peer.reactor.interrupt_leader(KeyboardInterrupt())  # as the signal handler does
+
+    peer.hook = interrupt_at_21
+    both = frame(m.encode(m.StoreStats(21))) + frame(m.encode(m.StoreStats(22)))
+    threading.Timer(0.05, peer.remote.sendall, (both,)).start()
+    with pytest.raises(KeyboardInterrupt):
+        peer.reactor.wait_serving(threading.Event(), WAIT_S)
+    assert first.wait(WAIT_S) and second.wait(WAIT_S)  # the whole batch was handled
+    assert not peer.reactor.leads_here()
+
+
+def test_a_poll_never_takes_the_loop(peer: Peer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(reactor_module, "HANDBACK_GRACE", 30.0)
+    for _ in range(5):
+        assert not peer.reactor.wait_serving(threading.Event(), 0)
+    done = peer.expect(23)
+    peer.send(23)  # the background thread still leads: polls renewed no grace
+    assert done.wait(WAIT_S)
+    assert peer.handler_thread(23) == background_id(peer)
+
+
+def test_a_failing_expecting_hook_still_hands_the_loop_back(
+        peer: Peer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(reactor_module, "HANDBACK_GRACE", 30.0)
+
+    def broken() -> bool:
+        raise RuntimeError("dictionary changed size during iteration")
+
+    peer.reactor.expecting = broken
+    assert not peer.reactor.wait_serving(threading.Event(), 0.01)
+    done = peer.expect(24)
+    peer.send(24)
+    assert done.wait(WAIT_S)
