@@ -321,8 +321,16 @@ def test_spilled_work_prefers_the_node_holding_its_large_argument(three_nodes) -
     _, head, node2, node3 = three_nodes
     ref = big_array.options(scheduling_strategy=pinned(node3)).remote(8 << 20)
     rtml.wait([ref], fetch_local=False)
-    blocker = sleepy_node.options(scheduling_strategy=pinned(head)).remote(2.0)
-    time.sleep(0.5)  # the head's only CPU is taken: the next task spills
+    blocker = sleepy_node.options(scheduling_strategy=pinned(head)).remote(3.0)
+    # Wait until the global scheduler's view (fed by heartbeats) shows the scene: the
+    # head's only CPU taken, node3's free (a lease an earlier test just returned may
+    # still show there for a heartbeat).
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        available = {n["NodeID"]: n["Available"].get("CPU", 0.0) for n in rtml.nodes()}
+        if available[head.node_id] == 0.0 and available[node3.node_id] == 1.0:
+            break
+        time.sleep(0.05)
     # node2 has more free CPUs, but node3 holds the argument.
     assert rtml.get(checksum.remote(ref), timeout=30)[2] == node3.node_id
     rtml.get(blocker)
