@@ -65,6 +65,10 @@ class Executor:
         self.actor: m.ActorSpec | None = None
         self.pool: concurrent.futures.ThreadPoolExecutor | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
+        self._inbox: list[tuple[Connection, m.TaskSpec]] = []  # calls for the loop
+        self._inbox_lock = threading.Lock()
+        self._inbox_posted = False  # a _start_calls is on its way to the loop
+        self._running_calls: set[asyncio.Task[None]] = set()  # the loop keeps only weak refs
         self.semaphore: asyncio.Semaphore | None = None
         self.visible_gpus: list[int] | None = None  # as last set; None: not set yet
         signal.signal(signal.SIGUSR1, self._on_cancel_signal)
@@ -73,7 +77,13 @@ class Executor:
 
     def on_push(self, conn: Connection, spec: m.TaskSpec) -> None:
         if self.loop is not None:
-            asyncio.run_coroutine_threadsafe(self._run_async(conn, spec), self.loop)
+            # One wake-up of the loop per burst, not a Future and a wake-up per call.
+            with self._inbox_lock:
+                self._inbox.append((conn, spec))
+                if self._inbox_posted:
+                    return
+                self._inbox_posted = True
+            self.loop.call_soon_threadsafe(self._start_calls)
         elif self.pool is not None:
             self.pool.submit(self._run_and_reply, conn, spec)
         else:
@@ -87,6 +97,17 @@ class Executor:
             result = self._result(spec, self._plain_error_returns(spec, exc), time.time())
         self.rt.refs.process_refops()
         conn.send(result)
+
+    def _start_calls(self) -> None:
+        """On the actor's event loop: start every call received since the last wake-up."""
+        assert self.loop is not None
+        with self._inbox_lock:
+            calls, self._inbox = self._inbox, []
+            self._inbox_posted = False
+        for conn, spec in calls:  # in arrival order: they start (and run) in order
+            task = self.loop.create_task(self._run_async(conn, spec))
+            self._running_calls.add(task)
+            task.add_done_callback(self._running_calls.discard)
 
     async def _run_async(self, conn: Connection, spec: m.TaskSpec) -> None:
         assert self.semaphore is not None
