@@ -311,10 +311,9 @@ def _wait_ready(rt: ClientRuntime, refs: list[ObjectRef], ids: list[bytes], num_
     finally:
         if blocked and rt.blocked_hook is not None:
             rt.blocked_hook(False)
+        cancel_waits()  # also when interrupted: no callback may outlive the call
     with lock:
-        result = set(ready)
-    cancel_waits()
-    return result
+        return set(ready)
 
 
 def cancel(ref: ObjectRef, *, force: bool = False, recursive: bool = True) -> None:

@@ -375,7 +375,13 @@ class ClientRuntime:
 
             for object_id in missing:
                 self.store.add_waiter(object_id, arrived)
-        self._block(done, deadline, missing)
+        try:
+            self._block(done, deadline, missing)
+        except BaseException:  # timed out or interrupted: a polling loop must not pile up
+            with self.lock:
+                for object_id in missing:
+                    self.store.remove_waiter(object_id, arrived)
+            raise
 
     def _block(self, done: Flag, deadline: float | None, ids: list[bytes]) -> None:
         if done.is_set():

@@ -335,3 +335,19 @@ def test_timeline_has_chrome_trace_events(tmp_path) -> None:
     assert any(e["name"] == "traced_add" for e in events)
     import json
     assert json.loads(path.read_text()) == events
+
+
+def test_timed_out_gets_leave_no_waiters_behind(tmp_path) -> None:
+    from rtml.core import context
+
+    marker, release = str(tmp_path / "started"), str(tmp_path / "release")
+    ref = waits_on_sleeper.options(max_retries=0).remote(marker, release)
+    try:
+        for _ in range(50):  # a polling loop
+            with pytest.raises(GetTimeoutError):
+                rtml.get(ref, timeout=0.001)
+        store = context.require_runtime().store
+        assert store._waiters.get(ref.id, []) == []
+    finally:
+        open(release, "w").close()
+    assert rtml.get(ref, timeout=30) is None
