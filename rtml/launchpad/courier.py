@@ -117,7 +117,8 @@ class CourierClient:
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
         self._sock: socket.socket | None = None
-        self._pending: dict[int, concurrent.futures.Future[Any]] = {}
+        # req_id -> (its future, the connection it was sent on)
+        self._pending: dict[int, tuple[concurrent.futures.Future[Any], socket.socket]] = {}
         self._ids = itertools.count(1)
         self.futures = _Futures(self)
 
@@ -135,7 +136,7 @@ class CourierClient:
         req_id = next(self._ids)
         for attempt in range(2):  # a second time after a restarted node moved
             sock = self._connection()
-            self._pending[req_id] = future
+            self._pending[req_id] = (future, sock)
             try:
                 wire.send_obj(sock, (req_id, name, args, kwargs), self._send_lock)
                 return future
@@ -163,18 +164,21 @@ class CourierClient:
         try:
             while True:
                 req_id, ok, value = wire.recv_obj(sock)
-                future = self._pending.pop(req_id, None)
-                if future is None:
+                entry = self._pending.pop(req_id, None)
+                if entry is None:
                     continue
-                if ok:
-                    future.set_result(value)
-                else:
-                    future.set_exception(value)
+                # The caller may have cancelled it: that must not end this reader.
+                with contextlib.suppress(concurrent.futures.InvalidStateError):
+                    if ok:
+                        entry[0].set_result(value)
+                    else:
+                        entry[0].set_exception(value)
         except (wire.WireError, OSError):
             self._drop(sock)
 
     def _drop(self, sock: socket.socket) -> None:
-        """The connection broke (the node stopped or crashed): fail its calls."""
+        """The connection broke (the node stopped or crashed): fail its calls (only its
+        own: calls already re-sent to a restarted node wait on the new connection)."""
         with self._lock:
             if self._sock is sock:
                 self._sock = None
@@ -182,10 +186,11 @@ class CourierClient:
             sock.close()
         error = ConnectionError(f"the connection to {self._description} was lost (the node "
                                 f"stopped or crashed) before it answered")
-        for req_id, future in list(self._pending.items()):
-            if not future.done():
+        for req_id, (future, sent_on) in list(self._pending.items()):
+            if sent_on is sock:
                 self._pending.pop(req_id, None)
-                future.set_exception(error)
+                with contextlib.suppress(concurrent.futures.InvalidStateError):
+                    future.set_exception(error)
 
     def __reduce__(self) -> Any:
         raise TypeError(f"a client of {self._description} cannot be pickled; pass the "
