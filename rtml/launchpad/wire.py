@@ -121,7 +121,11 @@ class Acceptor:
                              name=f"lp-{self.name[:20]}").start()
 
     def _admit(self, sock: socket.socket) -> None:
-        if not accept_hello(sock, self.token):
+        try:
+            admitted = accept_hello(sock, self.token)
+        except OSError:  # closed under us: the server is stopping
+            return
+        if not admitted:
             log.warning("%s refused a connection: wrong program token", self.name)
             sock.close()
             return
