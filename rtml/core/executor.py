@@ -95,7 +95,7 @@ class Executor:
         except Exception as exc:  # a bug of ours: the owner must still get an answer
             log.exception("executing %s failed", spec.name)
             result = self._result(spec, self._plain_error_returns(spec, exc), time.time())
-        self.rt.refs.process_refops()
+        self._settle_refs()
         conn.send(result)
 
     def _start_calls(self) -> None:
@@ -125,8 +125,15 @@ class Executor:
             except Exception as exc:
                 returns = self._exception_returns(spec, exc)
             result = self._result(spec, returns, start)
-        self.rt.refs.process_refops()
+        self._settle_refs()
         conn.send(result)
+
+    def _settle_refs(self) -> None:
+        """Before a result leaves: holds on what the task borrowed are sent, and in place
+        on the objects' nodes (the owner releases the task's own holds on receipt)."""
+        refs = self.rt.refs
+        refs.process_refops()
+        refs.fence_holds()
 
     # -- one task ----------------------------------------------------------------------------
 

@@ -17,18 +17,22 @@ the local node manager forwards those for other nodes.
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import threading
 from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from rtml.core.memory_store import IN_STORE
+from rtml.exceptions import GetTimeoutError
 from rtml.ids import task_of
 from rtml.rpc import messages as m
 
 if TYPE_CHECKING:
     from rtml.core.object_ref import ObjectRef
     from rtml.core.runtime import ClientRuntime
+
+log = logging.getLogger(__name__)
 
 REFOPS_BATCH = 64
 """Reference-count changes queued before the I/O thread is woken to apply them."""
@@ -51,6 +55,7 @@ class ReferenceCounter:
         self.escaped_pending: set[bytes] = set()
         """Owned objects pickled before their value existed: promoted once it is set."""
         self.locations: dict[bytes, bytes] = {}  # object -> its primary node, if not ours
+        self._unfenced: set[bytes] = set()  # other nodes our node manager forwarded holds to
 
     # -- ObjectRef hooks -----------------------------------------------------------------------
 
@@ -119,6 +124,23 @@ class ReferenceCounter:
             by_node.setdefault(locations.get(object_id, b""), []).append(object_id)
         for node_id, ids in by_node.items():
             self.rt.nm.send(kind(ids, holder, node_id))
+            if kind is m.AddHolds and node_id and node_id != self.rt.node_id:
+                self._unfenced.add(node_id)
+
+    def fence_holds(self) -> None:
+        """Block until the holds this process added on other nodes' objects are in place
+        there. A worker calls it before sending a result: the owner then releases what
+        the task held for its arguments, and that release (owner -> the object's node)
+        must not overtake the hold a borrower added through its own node manager."""
+        if not self._unfenced:
+            return
+        nodes = list(self._unfenced)
+        self._unfenced.clear()
+        try:
+            self.rt.request(self.rt.nm, lambda req_id: m.FenceHolds(req_id, nodes))
+        except GetTimeoutError:
+            log.warning("holds on objects of nodes %s not confirmed in time",
+                        [node_id.hex()[:12] for node_id in nodes])
 
     def process_refops(self) -> None:
         """Apply queued reference-count changes; send holds and releases."""

@@ -230,7 +230,7 @@ class ClientRuntime:
             self.submitter.on_spillback(msg)
         elif isinstance(msg, m.NodeDied):
             self._node_died(msg.node_id)
-        elif isinstance(msg, (m.ObjectAvailable, m.StoreStatsReply)):
+        elif isinstance(msg, (m.ObjectAvailable, m.StoreStatsReply, m.HoldsFenced)):
             self._deliver_reply(msg.req_id, msg)
         elif isinstance(msg, m.LeaseFailed):
             self.submitter.on_lease_failed(msg)

@@ -167,6 +167,18 @@ class ObjectManager:
         self.execute(self.store.release_holder(holder))
         self.schedule_collect()
 
+    def fence_holds(self, peer: Any, msg: m.FenceHolds) -> None:
+        """Answer ``peer`` once the holds forwarded to ``msg.node_ids`` are in place there:
+        sent before this on each node's link, so one fence round trip per node covers them."""
+        nodes = [node_id for node_id in msg.node_ids
+                 if node_id != self.node_id and node_id not in self.dead_nodes]
+
+        async def answer() -> None:
+            await asyncio.gather(*(self.links.fence(node_id) for node_id in nodes))
+            peer.send(m.HoldsFenced(msg.req_id))
+
+        self._own(asyncio.ensure_future(answer()))
+
     def _forward_releases(self, last: dict[bytes, list[bytes]]) -> None:
         for node_id, object_ids in last.items():
             if node_id not in self.dead_nodes:

@@ -387,6 +387,28 @@ class ObjectsFreed(Msg, tag=69):
     object_ids: list[bytes]
 
 
+class FenceHolds(Msg, tag=70):
+    """Client -> its node manager: answer once the holds it forwarded to these nodes
+    are in place there (a worker asks before it sends a result that lets its owner
+    release what the worker borrowed)."""
+    req_id: int
+    node_ids: list[bytes]
+
+
+class HoldsFenced(Msg, tag=71):
+    req_id: int
+
+
+class LinkFence(Msg, tag=72):
+    """Node manager -> node manager: answer with LinkFenced once everything sent
+    before it on this link is handled."""
+    req_id: int
+
+
+class LinkFenced(Msg, tag=73):
+    req_id: int
+
+
 Message = (
     Hello | HelloReply | PushTask | TaskResult | RequestLease | LeaseGranted | LeaseFailed
     | ReturnLease | CancelLeaseRequest | LeaseInfeasible | WorkerBlocked | WorkerUnblocked | SealObject | AddHolds
@@ -395,7 +417,8 @@ Message = (
     | RegisterNode | NodeHeartbeat | RegisterJob | CreateActor | GetActorInfo | ActorInfo
     | KillActor | StartActor | ActorStarted | ActorWorkerDied | KillActorWorker
     | GetClusterInfo | ClusterInfo | Shutdown | LeaseSpillback | NodeTransferReady | NodeTable
-    | NodeDied | SpillLease | LeasePlaced | ObjectsFreed
+    | NodeDied | SpillLease | LeasePlaced | ObjectsFreed | FenceHolds | HoldsFenced
+    | LinkFence | LinkFenced
 )
 
 _encoder = msgspec.msgpack.Encoder()

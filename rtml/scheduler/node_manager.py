@@ -365,6 +365,12 @@ class NodeManager(Service):
     def _release_holder(self, peer: Peer, client: Client, msg: m.ReleaseHolder) -> None:
         self.objects.release_holder(msg.holder)
 
+    def _fence_holds(self, peer: Peer, client: Client, msg: m.FenceHolds) -> None:
+        self.objects.fence_holds(peer, msg)
+
+    def _link_fence(self, peer: Peer, client: Client, msg: m.LinkFence) -> None:
+        peer.send(m.LinkFenced(msg.req_id))  # messages are handled in order: all before it are
+
     def _wait_object(self, peer: Peer, client: Client, msg: m.WaitObject) -> None:
         self.objects.wait(peer, client.waiters, msg)
 
@@ -385,6 +391,7 @@ class NodeManager(Service):
         m.ReleaseHolds: _release_holds, m.ReleaseHolder: _release_holder,
         m.WaitObject: _wait_object, m.CancelTask: _cancel_task, m.StoreStats: _stats,
         m.WorkerOutput: _output, m.ObjectsFreed: _objects_freed,
+        m.FenceHolds: _fence_holds, m.LinkFence: _link_fence,
     }
 
     # -- scheduler commands ------------------------------------------------------------------

@@ -1,0 +1,83 @@
+"""NodeLinks.fence: answered after everything sent before it; never left hanging."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+from rtml.daemon import NodeLinks
+from rtml.rpc import messages as m
+from rtml.rpc.framing import FrameDecoder, frame
+from rtml.rpc.reactor import make_hello
+
+NODE = b"n" * 16
+
+
+class PeerNode:
+    """A node manager's link end: accepts the hello, records messages, answers fences
+    (after ``delay``, to show the fence waits for it)."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.delay = delay
+        self.seen: list[object] = []
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        decoder = FrameDecoder()
+        while data := await reader.read(1 << 16):
+            for payload in decoder.feed(data):
+                msg = m.decode(payload)
+                self.seen.append(msg)
+                if isinstance(msg, m.Hello):
+                    writer.write(frame(m.encode(m.HelloReply(ok=True))))
+                elif isinstance(msg, m.LinkFence):
+                    await asyncio.sleep(self.delay)
+                    writer.write(frame(m.encode(m.LinkFenced(msg.req_id))))
+        writer.close()
+
+
+def _links() -> NodeLinks:
+    return NodeLinks(make_hello("", "node", b"me" * 8))
+
+
+def test_a_fence_returns_after_the_messages_sent_before_it_are_handled() -> None:
+    async def scenario() -> list[object]:
+        peer = PeerNode(delay=0.05)
+        server = await asyncio.start_server(peer.serve, "127.0.0.1", 0)
+        links = _links()
+        port = server.sockets[0].getsockname()[1]
+        links.address_known(NODE, f"127.0.0.1:{port}")
+        links.send(NODE, m.AddHolds([b"o" * 20], b"h" * 16))
+        await asyncio.wait_for(links.fence(NODE), 5)
+        kinds = [type(msg) for msg in peer.seen]
+        links.close()
+        server.close()
+        return kinds
+
+    assert asyncio.run(scenario()) == [m.Hello, m.AddHolds, m.LinkFence]
+
+
+def test_a_fence_to_an_unreachable_node_returns() -> None:
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+
+    async def scenario() -> None:
+        links = _links()
+        links.address_known(NODE, f"127.0.0.1:{port}")
+        await asyncio.wait_for(links.fence(NODE), 15)
+        links.close()
+
+    asyncio.run(scenario())
+
+
+def test_forgetting_a_dead_node_releases_its_fences() -> None:
+    async def scenario() -> bool:
+        links = _links()  # the node's address never arrives: the fence stays queued
+        fence = asyncio.ensure_future(links.fence(NODE))
+        await asyncio.sleep(0.05)
+        pending = not fence.done()
+        links.forget(NODE)
+        await asyncio.wait_for(fence, 5)
+        return pending
+
+    assert asyncio.run(scenario()) is True
