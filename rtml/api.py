@@ -317,10 +317,13 @@ def _wait_ready(rt: ClientRuntime, refs: list[ObjectRef], ids: list[bytes], num_
 
 
 def cancel(ref: ObjectRef, *, force: bool = False, recursive: bool = True) -> None:
-    """Cancel the task producing ``ref``; ``get`` then raises TaskCancelledError."""
+    """Cancel the task producing ``ref``; ``get`` then raises TaskCancelledError.
+
+    ``recursive``: the tasks it submitted (and theirs) are cancelled too. With ``force``
+    its worker is killed, and the workers running its tasks stop with their owner."""
     if not isinstance(ref, ObjectRef):
         raise TypeError(f"cancel() takes an ObjectRef, got {type(ref).__name__}")
-    context.require_runtime().owner.cancel(ref, force)
+    context.require_runtime().owner.cancel(ref, force, recursive)
 
 
 def kill(actor: ActorHandle, *, no_restart: bool = True) -> None:

@@ -34,6 +34,11 @@ def set_current_task(task_id: bytes | None) -> None:
     _task_id.set(task_id)
 
 
+def current_task() -> bytes | None:
+    """The task (or actor call) running in this thread or asyncio task, if any."""
+    return _task_id.get()
+
+
 _actor_id: bytes | None = None
 
 

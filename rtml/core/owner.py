@@ -184,18 +184,32 @@ class TaskOwner:
                                                                 max_task_retries)
         return caller
 
-    def cancel(self, ref: ObjectRef, force: bool) -> None:
+    def cancel(self, ref: ObjectRef, force: bool, recursive: bool = False) -> None:
         """Cancel the task producing ``ref``; its getters then raise TaskCancelledError."""
         with self.rt.lock:
             record = self.rt.submitter.records.get(task_of(ref.id))
             if record is None or record.done:
+                return
+        self._cancel(record, force, recursive)
+
+    def cancel_children(self, parent: bytes) -> None:
+        """Cancel (recursively) the unfinished tasks that task ``parent`` submitted here."""
+        with self.rt.lock:
+            children = [record for record in self.rt.submitter.records.values()
+                        if record.parent == parent and not record.done]
+        for record in children:
+            self._cancel(record, False, True)
+
+    def _cancel(self, record: TaskRecord, force: bool, recursive: bool) -> None:
+        with self.rt.lock:
+            if record.done:
                 return
             if record.spec.actor_id:  # a call already sent runs to completion
                 record.cancelled = True
                 caller = self.caller(record.spec.actor_id, record.max_retries)
                 failed_here = caller.cancel_queued(record)
             else:
-                failed_here = self.rt.submitter.cancel(record, force)
+                failed_here = self.rt.submitter.cancel(record, force, recursive)
         if failed_here:
             self.fail_task(record, TaskCancelledError(f"task {record.spec.name!r} was cancelled"))
 

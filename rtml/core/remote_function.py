@@ -49,7 +49,8 @@ def submit_call(rt: ClientRuntime, *, name: str, function_id: bytes, args: tuple
                       num_returns, rt.client_id, actor_id=actor_id, method=method,
                       owner_node=rt.node_id)
     record = TaskRecord(spec, shape, max_retries, retry_exceptions, built.keep_alive,
-                        return_ids, has_contained=bool(built.contained), key=key)
+                        return_ids, has_contained=bool(built.contained), key=key,
+                        parent=context.current_task())
     if built.contained:
         rt.refs.send_holds(m.AddHolds, built.contained, task_id)
     refs = [ObjectRef(oid, rt.client_id) for oid in return_ids]

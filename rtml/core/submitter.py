@@ -59,6 +59,7 @@ class TaskRecord:
     worker: LeasedWorker | None = None
     done: bool = False
     solo: bool = False  # pushed alone (untimed or long): nothing may queue behind it
+    parent: bytes | None = None  # the task that submitted it (None: the driver's own code)
 
 
 @dataclass(eq=False)
@@ -361,7 +362,7 @@ class TaskSubmitter:
 
     # -- cancellation --------------------------------------------------------------------------
 
-    def cancel(self, record: TaskRecord, force: bool) -> bool:
+    def cancel(self, record: TaskRecord, force: bool, recursive: bool = False) -> bool:
         """Cancel a queued or running task; True if it was queued (failed here)."""
         record.cancelled = True
         for queue in self.queues.values():
@@ -370,7 +371,7 @@ class TaskSubmitter:
                 return True
         if record.worker is not None:
             worker = record.worker
-            worker.nm.send(m.CancelTask(record.spec.task_id, worker.worker_id, force))
+            worker.nm.send(m.CancelTask(record.spec.task_id, worker.worker_id, force, recursive))
         return record.deps > 0
 
     def shutdown(self) -> None:

@@ -145,6 +145,8 @@ def main(argv: list[str]) -> int:
 def _on_nm_message(rt: ClientRuntime, executor: Executor, server: Reactor, msg: Any) -> None:
     if isinstance(msg, m.CancelRunning):
         executor.cancel(msg.task_id)
+        if msg.recursive:
+            rt.owner.cancel_children(msg.task_id)
     elif isinstance(msg, m.BecomeActor):
         server.call_soon(_become_actor, rt, executor, msg)
 

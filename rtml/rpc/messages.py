@@ -191,6 +191,7 @@ class CancelTask(Msg, tag=36):
     task_id: bytes
     worker_id: bytes
     force: bool
+    recursive: bool = False  # also cancel the tasks it submitted
 
 
 class StoreStats(Msg, tag=37):
@@ -206,6 +207,7 @@ class StoreStatsReply(Msg, tag=38):
 
 class CancelRunning(Msg, tag=40):
     task_id: bytes
+    recursive: bool = False
 
 
 class WorkerListening(Msg, tag=41):

@@ -349,7 +349,7 @@ class NodeManager(Service):
         if msg.force:
             worker.kill()
         elif worker.peer is not None:
-            worker.peer.send(m.CancelRunning(msg.task_id))
+            worker.peer.send(m.CancelRunning(msg.task_id, msg.recursive))
 
     # -- objects -----------------------------------------------------------------------------
 

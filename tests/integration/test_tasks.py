@@ -282,6 +282,37 @@ def test_cancel_reaches_a_task_blocked_in_get(tmp_path) -> None:
         open(release, "w").close()  # ends the inner task (cancel is not recursive)
 
 
+@rtml.remote
+def notes_its_cancellation(started: str, cancelled: str) -> None:
+    open(started, "w").close()
+    try:
+        while True:
+            time.sleep(0.01)
+    except TaskCancelledError:
+        open(cancelled, "w").close()
+        raise
+
+
+@rtml.remote
+def waits_on_child(levels: int, started: str, cancelled: str) -> None:
+    if levels == 1:
+        rtml.get(notes_its_cancellation.remote(started, cancelled))
+    else:
+        rtml.get(waits_on_child.remote(levels - 1, started, cancelled))
+
+
+@pytest.mark.parametrize("levels", [1, 2])
+def test_recursive_cancel_reaches_the_tasks_a_task_submitted(tmp_path, levels) -> None:
+    # levels=2: a grandchild, owned by the child's worker, is cancelled through it.
+    started, cancelled = str(tmp_path / "started"), str(tmp_path / "cancelled")
+    ref = waits_on_child.options(max_retries=0).remote(levels, started, cancelled)
+    _wait_for_file(started)
+    rtml.cancel(ref)  # recursive by default, as in Ray
+    with pytest.raises(TaskCancelledError):
+        rtml.get(ref, timeout=10)
+    _wait_for_file(cancelled, timeout=10)
+
+
 def test_negative_timeouts_are_refused_clearly() -> None:
     ref = add.remote(1, 1)
     with pytest.raises(ValueError, match="timeout must be None"):
