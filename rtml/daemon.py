@@ -62,7 +62,7 @@ class FramedClient:
         self.reader = reader
         self.writer = writer
         self.decoder = FrameDecoder()
-        self._frames: list[bytes] = []
+        self._frames: list[bytes | memoryview] = []
 
     @classmethod
     async def connect(cls, address: str, hello: m.Hello, timeout: float = 10.0) -> tuple[

@@ -35,22 +35,37 @@ class FrameDecoder:
         """Bytes received but not yet part of a complete frame."""
         return bytes(self._buf)
 
-    def feed(self, data: bytes | memoryview) -> list[bytes]:
-        """Add ``data``; return every frame it completes. Raises ProtocolError."""
+    def feed(self, data: bytes | memoryview) -> list[bytes | memoryview]:
+        """Add ``data``; return every frame it completes. Raises ProtocolError.
+
+        Frames that lie whole in ``data`` come back as views of it (no copy): use them
+        before ``data``'s buffer is reused for the next read.
+        """
         buf = self._buf
-        buf += data
-        frames: list[bytes] = []
+        if buf:  # a frame is split across reads: join them
+            buf += data
+            frames, pos = self._split(memoryview(buf))
+            frames = [bytes(frame) for frame in frames]  # views would pin buf's size
+            del buf[:pos]
+            return frames
+        view = memoryview(data)
+        frames, pos = self._split(view)
+        if pos < len(view):
+            buf += view[pos:]
+        return frames
+
+    def _split(self, view: memoryview) -> tuple[list[bytes | memoryview], int]:
+        """The whole frames at the start of ``view``, and where the rest begins."""
+        frames: list[bytes | memoryview] = []
         pos = 0
-        end = len(buf)
+        end = len(view)
         while end - pos >= HEADER_SIZE:
-            (size,) = _HEADER.unpack_from(buf, pos)
+            (size,) = _HEADER.unpack_from(view, pos)
             if size > self.max_frame:
                 raise ProtocolError(f"frame of {size} bytes exceeds the {self.max_frame} limit")
             if end - pos - HEADER_SIZE < size:
                 break
             start = pos + HEADER_SIZE
-            frames.append(bytes(buf[start:start + size]))
+            frames.append(view[start:start + size])
             pos = start + size
-        if pos:
-            del buf[:pos]
-        return frames
+        return frames, pos

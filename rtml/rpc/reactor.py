@@ -2,7 +2,7 @@
 
     user thread ---- Connection.send() ----> socket      (direct write, no hop)
                                                |
-    reactor thread <- selector <- readable ----+ -> FrameDecoder -> handler(conn, msg)
+    reactor thread <- epoll <- readable -------+ -> FrameDecoder -> handler(conn, msg)
 
 The hot path must not pay for an event-loop hop per message, so any thread may
 write a frame straight to the socket under the connection's lock; only the
@@ -31,7 +31,7 @@ import heapq
 import itertools
 import logging
 import os
-import selectors
+import select
 import socket
 import threading
 import time
@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 Handler = Callable[["Connection", Any], None]
 CloseHandler = Callable[["Connection", str], None]
 _RECV_SIZE = 1 << 18
+_READ = select.EPOLLIN
+_READ_WRITE = select.EPOLLIN | select.EPOLLOUT
 HANDBACK_GRACE = 0.002
 """Seconds the background thread leaves the loop idle after a waiter hands it back,
 so that the next ``get`` of a loop of them finds it free; posted callbacks and other
@@ -101,6 +103,7 @@ class Connection:
         sock.setblocking(False)
         self.reactor = reactor
         self.sock = sock
+        self.fd = sock.fileno()  # kept: unregistering must work after the socket is closed
         self.handler = handler
         self.on_close = on_close
         self.name = name
@@ -289,22 +292,25 @@ class _Listener:
 
     def __init__(self, sock: socket.socket, accept: Callable[[socket.socket], None]) -> None:
         self.sock = sock
+        self.fd = sock.fileno()
         self.accept = accept
 
 
 class Reactor:
-    """Runs selector I/O, timers and posted callbacks on one thread."""
+    """Runs epoll I/O, timers and posted callbacks on one thread."""
 
     def __init__(self, name: str = "rtml-reactor", cork: bool = False) -> None:
         self.name = name
         self.cork = cork  # batch the reactor thread's own sends until the end of an iteration
         self._recv_view = memoryview(bytearray(_RECV_SIZE))  # only the reactor thread reads
         self._dirty: set[Connection] = set()
-        self._sel = selectors.DefaultSelector()
+        # epoll itself, not ``selectors``: its Python wrapper costs ~2.5 us per wait
+        self._epoll = select.epoll()
+        self._watched: dict[int, Connection | _Listener | None] = {}  # fd -> what it is
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
-        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        self._watch(self._wake_r.fileno(), _READ, None)
         self._calls: deque[tuple[Callable[..., Any], tuple[Any, ...]]] = deque()
         self._timers: list[tuple[float, int, Callable[[], Any]]] = []
         self._seq = itertools.count()
@@ -312,7 +318,9 @@ class Reactor:
         self._thread: threading.Thread | None = None
         self.thread_id: int | None = None  # the thread leading the loop now, if any
         self._lead = threading.Lock()  # held by whichever thread runs the loop
-        self._aside = threading.Condition()  # guards the four fields below
+        # Entered as the bare lock (a C call) where no wait or notify follows the check.
+        self._aside_lock = threading.Lock()
+        self._aside = threading.Condition(self._aside_lock)  # guards the four fields below
         self._borrower: int | None = None  # a waiting thread that leads, or is about to
         self._followers = 0  # threads blocked in wait_serving without the lead
         self._handed_back = 0.0
@@ -382,7 +390,7 @@ class Reactor:
         if timeout is not None and timeout <= 0:
             return False  # a poll: never take the loop (it would renew the grace)
         me = threading.get_ident()
-        with self._aside:
+        with self._aside_lock:
             lead = (self._borrower is None and self._running and self._thread is not None
                     and self.thread_id != me)
             if lead:
@@ -393,7 +401,7 @@ class Reactor:
             try:
                 return done.wait(timeout)
             finally:
-                with self._aside:
+                with self._aside_lock:
                     self._followers -= 1
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
@@ -412,7 +420,7 @@ class Reactor:
                 self.thread_id = None
                 self._lead.release()
         finally:
-            with self._aside:
+            with self._aside_lock:
                 self._borrower = None
                 self._handed_back = time.monotonic()
                 self._resume = (bool(self._followers or self._calls) or not self._running
@@ -455,11 +463,11 @@ class Reactor:
 
     def close(self) -> None:
         """Close every connection and the selector; call after :meth:`stop`."""
-        for key in list(self._sel.get_map().values()):
-            if isinstance(key.data, Connection):
-                key.data.on_close = None
-                key.data.close("reactor closed")
-        self._sel.close()
+        for watched in list(self._watched.values()):
+            if isinstance(watched, Connection):
+                watched.on_close = None
+                watched.close("reactor closed")
+        self._epoll.close()
         self._wake_r.close()
         self._wake_w.close()
 
@@ -501,7 +509,8 @@ class Reactor:
     def listen(self, sock: socket.socket, accept: Callable[[socket.socket], None]) -> None:
         """Call ``accept(sock)`` on the reactor thread for each accepted socket."""
         sock.setblocking(False)
-        self.call_soon(self._sel.register, sock, selectors.EVENT_READ, _Listener(sock, accept))
+        listener = _Listener(sock, accept)
+        self.call_soon(self._watch, listener.fd, _READ, listener)
 
     def _accept(self, listener: _Listener) -> None:
         try:
@@ -529,29 +538,32 @@ class Reactor:
             if not conn.closed and not conn._flush():
                 self._want_write(conn)
 
+    def _watch(self, fd: int, events: int, what: Connection | _Listener | None) -> None:
+        self._epoll.register(fd, events)
+        self._watched[fd] = what
+
     def _register(self, conn: Connection) -> None:
-        if not conn.closed and conn.sock.fileno() >= 0:
-            try:
-                self._sel.register(conn.sock, selectors.EVENT_READ, conn)
-            except KeyError:  # already registered early by _interest
-                pass
+        if not conn.closed and conn.fd not in self._watched:  # else registered by _interest
+            self._watch(conn.fd, _READ, conn)
 
     def _want_write(self, conn: Connection) -> None:
         if not conn.closed:
-            self._interest(conn, selectors.EVENT_READ | selectors.EVENT_WRITE)
+            self._interest(conn, _READ_WRITE)
 
     def _interest(self, conn: Connection, events: int) -> None:
-        """Set what the selector watches ``conn`` for (registering it if still pending)."""
-        try:
-            self._sel.modify(conn.sock, events, conn)
-        except KeyError:
-            self._sel.register(conn.sock, events, conn)
+        """Set what epoll watches ``conn`` for (registering it if still pending)."""
+        if self._watched.get(conn.fd) is conn:
+            self._epoll.modify(conn.fd, events)
+        else:
+            self._watch(conn.fd, events, conn)
 
     def _forget(self, conn: Connection) -> None:
-        try:
-            self._sel.unregister(conn.sock)
-        except (KeyError, ValueError, OSError):
-            pass
+        if self._watched.get(conn.fd) is conn:
+            del self._watched[conn.fd]
+            try:
+                self._epoll.unregister(conn.fd)
+            except OSError:  # closed already: epoll dropped it itself
+                pass
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -562,17 +574,20 @@ class Reactor:
         elif self._timers:
             due = max(0.0, self._timers[0][0] - time.monotonic())
             timeout = due if timeout is None else min(timeout, due)
-        for key, events in self._sel.select(timeout):
-            conn = key.data
+        watched = self._watched
+        for fd, events in self._epoll.poll(timeout):
+            conn = watched.get(fd)
             if conn is None:
-                self._drain_wake()
-                continue
+                if fd == self._wake_r.fileno():
+                    self._drain_wake()
+                continue  # forgotten by a handler earlier in this batch
             if isinstance(conn, _Listener):
                 self._guard(self._accept, conn)
                 continue
-            if events & selectors.EVENT_WRITE and conn._flush() and not conn.closed:
-                self._interest(conn, selectors.EVENT_READ)
-            if events & selectors.EVENT_READ and not conn.closed:
+            # Hang-up and error count as both, so that the failing call reports them.
+            if events & ~select.EPOLLIN and conn._flush() and not conn.closed:
+                self._interest(conn, _READ)
+            if events & ~select.EPOLLOUT and not conn.closed:
                 self._guard(conn._on_readable)
         self._run_calls()
         if self._timers:

@@ -44,6 +44,22 @@ def test_split_header_and_body_across_feeds() -> None:
     assert dec.feed(b"") == []
 
 
+def test_a_reused_read_buffer_keeps_split_frames_intact() -> None:
+    # As the reactor reads: every read lands in one buffer, overwritten by the next.
+    buffer = bytearray(64)
+    view = memoryview(buffer)
+    dec = FrameDecoder()
+    first, second = frame(b"abc"), frame(b"defghij")
+    chunk = first + second[:6]
+    buffer[:len(chunk)] = chunk
+    frames = dec.feed(view[:len(chunk)])
+    assert [bytes(f) for f in frames] == [b"abc"]  # read before the buffer is reused
+    rest = second[6:] + frame(b"k")
+    buffer[:len(rest)] = rest  # overwrites where the split frame's start was read
+    assert [bytes(f) for f in dec.feed(view[:len(rest)])] == [b"defghij", b"k"]
+    assert dec.pending() == b""
+
+
 def test_trailing_partial_frame_is_kept() -> None:
     dec = FrameDecoder()
     data = frame(b"one") + frame(b"two")
