@@ -4,6 +4,8 @@
     handle.m.remote() -> ActorCaller queue --(address from head, once)--> PushTask to the worker
     connection lost -> in-flight calls retried (max_task_retries) or ActorDiedError;
                        the next call asks the head again (it answers after a restart, or DEAD)
+    last handle dropped in its creator (never pickled, unnamed, not detached)
+                    -> KillActor once the calls made on it are answered (HandleCounts)
 
 Calls from one caller travel over one connection, so the actor sees them in order.
 """
@@ -74,6 +76,8 @@ class ActorClass(Exported):
             namespace=options.get("namespace") or rt.config.namespace,
             detached=options.get("lifetime") == "detached", sys_paths=rt.sys_paths,
             strategy=strategy_of(options))
+        if not spec.name and not spec.detached:
+            rt.owner.handles.track(spec.actor_id)
         handle = ActorHandle(spec.actor_id, self.__name__, _method_meta(self._cls),
                              spec.max_task_retries)
         for _, ref in built.pending:
@@ -128,6 +132,14 @@ class ActorHandle:
         self._class_name = class_name
         self._methods = methods
         self._max_task_retries = max_task_retries
+        rt = context.get_runtime()
+        self._counts = rt.owner.handles if rt is not None and rt.owner.handles.made(
+            actor_id) else None
+
+    def __del__(self) -> None:
+        counts = self._counts
+        if counts is not None:
+            counts.dropped(self._actor_id)
 
     def __getattr__(self, name: str) -> ActorMethod:
         if name.startswith("_"):
@@ -140,6 +152,8 @@ class ActorHandle:
         return method
 
     def __reduce__(self) -> tuple[Any, ...]:
+        if self._counts is not None:  # usable elsewhere from now on: no longer ours to end
+            self._counts.escaped(self._actor_id)
         return (ActorHandle, (self._actor_id, self._class_name, self._methods,
                               self._max_task_retries))
 
@@ -154,24 +168,38 @@ class ActorHandle:
 
 
 class ActorMethod:
-    def __init__(self, handle: ActorHandle, name: str, options: dict[str, Any]) -> None:
-        self._handle = handle
+    """``handle.name``: keeps the actor alive as a handle does (counted like one), but
+    holds no reference to its handle, so that the handle, which caches it, is freed as
+    soon as it is dropped (no reference cycle to wait for the garbage collector)."""
+
+    def __init__(self, source: ActorHandle | ActorMethod, name: str,
+                 options: dict[str, Any]) -> None:
+        self._actor_id: bytes = source._actor_id
+        self._class_name: str = source._class_name
+        self._max_task_retries: int = source._max_task_retries
+        counts = source._counts
+        self._counts: HandleCounts | None = (
+            counts if counts is not None and counts.made(self._actor_id) else None)
         self._name = name
         self._opts = options
-        self._task_name = options.get("name") or f"{handle._class_name}.{name}"
+        self._task_name = options.get("name") or f"{source._class_name}.{name}"
         self._num_returns = options.get("num_returns", 1)
+
+    def __del__(self) -> None:
+        counts = self._counts
+        if counts is not None:
+            counts.dropped(self._actor_id)
 
     def options(self, **options: Any) -> ActorMethod:
         check_options(options, METHOD_OPTIONS, f"actor method {self._name!r}")
-        return ActorMethod(self._handle, self._name, {**self._opts, **options})
+        return ActorMethod(self, self._name, {**self._opts, **options})
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
-        handle = self._handle
         return submit_call(context.require_runtime(), name=self._task_name,
                            function_id=b"", args=args, kwargs=kwargs,
                            num_returns=self._num_returns, shape={},
-                           max_retries=handle._max_task_retries, retry_exceptions=False,
-                           actor_id=handle._actor_id, method=self._name)
+                           max_retries=self._max_task_retries, retry_exceptions=False,
+                           actor_id=self._actor_id, method=self._name)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(f"actor method {self._name!r} cannot be called directly; "
@@ -202,6 +230,7 @@ class ActorCaller:
         self.last_address = ""
         self.node_id = b""
         self.keep_alive: list[Any] = []
+        self.end_when_idle = False  # its last handle is gone: end it after the last answer
 
     def call(self, record: TaskRecord) -> None:
         """Queue a ready call (under the runtime lock) and push what can go."""
@@ -267,8 +296,11 @@ class ActorCaller:
         if isinstance(msg, m.TaskResult):
             with self.rt.lock:
                 record = self.inflight.pop(msg.task_id, None)
+                end = self.end_when_idle and not self.inflight and not self.queue
             if record is not None:
                 self.rt.owner.complete_task(record, msg)
+            if end:
+                self.rt.owner.handles.end(self.actor_id)
 
     def _on_closed(self, conn: Connection, reason: str) -> None:
         failed: list[TaskRecord] = []
@@ -304,3 +336,59 @@ class ActorCaller:
         if self.conn is not None:
             self.conn.on_close = None
             self.conn.close("shutdown")
+
+
+class HandleCounts:
+    """Live handles of the actors this process created, unnamed and not detached: when
+    the last one is dropped the actor ends, once the calls made on it are answered (as in
+    Ray). A handle pickled for another process may be in use anywhere: its actor is left
+    to its job's end (or ``rtml.kill``).
+    """
+
+    REASON = "all its handles went out of scope"
+
+    def __init__(self, rt: ClientRuntime) -> None:
+        self.rt = rt
+        self.counts: dict[bytes, int] = {}
+
+    def track(self, actor_id: bytes) -> None:
+        with self.rt.lock:
+            self.counts[actor_id] = 0
+
+    def made(self, actor_id: bytes) -> bool:
+        """A handle was made here; True if it counts (its actor is tracked)."""
+        with self.rt.lock:
+            if actor_id not in self.counts:
+                return False
+            self.counts[actor_id] += 1
+            return True
+
+    def escaped(self, actor_id: bytes) -> None:
+        with self.rt.lock:
+            self.counts.pop(actor_id, None)
+
+    def dropped(self, actor_id: bytes) -> None:
+        """From ``__del__`` (any thread, perhaps holding a lock): only post it."""
+        self.rt.reactor.call_soon(self._dropped, actor_id)
+
+    def _dropped(self, actor_id: bytes) -> None:
+        with self.rt.lock:
+            count = self.counts.get(actor_id)
+            if count is None:
+                return
+            if count > 1:
+                self.counts[actor_id] = count - 1
+                return
+            del self.counts[actor_id]
+            caller = self.rt.owner.actor_callers.get(actor_id)
+            if caller is not None and (caller.inflight or caller.queue):
+                caller.end_when_idle = True
+                return
+        self.end(actor_id)
+
+    def end(self, actor_id: bytes) -> None:
+        self.rt.head.send(m.KillActor(actor_id, no_restart=True, reason=self.REASON))
+        with self.rt.lock:
+            caller = self.rt.owner.actor_callers.get(actor_id)
+            if caller is not None:
+                caller.dead_error = self.REASON

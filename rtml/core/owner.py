@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from rtml.core.actors import ActorCaller
+from rtml.core.actors import ActorCaller, HandleCounts
 from rtml.core.memory_store import IN_STORE, Entry, StoredError
 from rtml.core.serialization import from_payload, serialize
 from rtml.core.submitter import TaskRecord
@@ -38,6 +38,7 @@ class TaskOwner:
     def __init__(self, runtime: ClientRuntime) -> None:
         self.rt = runtime
         self.actor_callers: dict[bytes, Any] = {}
+        self.handles = HandleCounts(runtime)
 
     def submit(self, record: TaskRecord, pending: list[tuple[int, ObjectRef]],
                error: m.Payload | None = None) -> None:

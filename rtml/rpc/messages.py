@@ -347,6 +347,7 @@ class ActorInfo(Msg, tag=55):
 class KillActor(Msg, tag=56):
     actor_id: bytes
     no_restart: bool = True
+    reason: str = ""  # why, for its callers' ActorDiedError (default: rtml.kill())
 
 
 class StartActor(Msg, tag=57):

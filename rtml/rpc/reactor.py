@@ -319,7 +319,7 @@ class Reactor:
         self.thread_id: int | None = None  # the thread leading the loop now, if any
         self._lead = threading.Lock()  # held by whichever thread runs the loop
         # Entered as the bare lock (a C call) where no wait or notify follows the check.
-        self._aside_lock = threading.Lock()
+        self._aside_lock = threading.RLock()  # re-entered by a __del__ that posts a call
         self._aside = threading.Condition(self._aside_lock)  # guards the four fields below
         self._borrower: int | None = None  # a waiting thread that leads, or is about to
         self._followers = 0  # threads blocked in wait_serving without the lead

@@ -331,7 +331,7 @@ class HeadService(Service):
         actor = self.actors.get(msg.actor_id)
         if actor is not None and actor.state != "DEAD":
             actor.no_restart = msg.no_restart
-            self._kill(actor, "it was killed with rtml.kill()")
+            self._kill(actor, msg.reason or "it was killed with rtml.kill()")
 
     def _kill(self, actor: ActorState, why: str) -> None:
         if not actor.error:

@@ -7,6 +7,7 @@ import os
 import time
 import uuid
 
+import psutil
 import pytest
 
 import rtml
@@ -47,6 +48,9 @@ class Counter:
 class Sleeper:
     def ping(self) -> str:
         return "pong"
+
+    def pid(self) -> int:
+        return os.getpid()
 
     def nap(self, seconds: float) -> tuple[float, float]:
         start = time.time()
@@ -277,3 +281,66 @@ def test_actor_without_restarts_dies_for_good() -> None:
 def test_direct_instantiation_is_type_error() -> None:
     with pytest.raises(TypeError, match=r"\.remote\("):
         Counter()
+
+
+# -- lifetime: the last handle ----------------------------------------------------------------
+
+def _exits(pid: int, timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_dropping_the_last_handle_ends_the_actor() -> None:
+    c = Counter.remote()
+    pid = rtml.get(c.pid.remote(), timeout=60)
+    copy = c
+    del c
+    assert not _exits(pid, timeout=1.0)  # one handle is left
+    del copy
+    assert _exits(pid)
+
+
+def test_calls_made_before_the_last_handle_is_dropped_still_run() -> None:
+    sleeper = Sleeper.remote()
+    pid = rtml.get(sleeper.pid.remote(), timeout=60)
+    naps = [sleeper.nap.remote(0.3) for _ in range(3)]
+    del sleeper
+    spans = rtml.get(naps, timeout=30)
+    assert len(spans) == 3 and all(end - start >= 0.3 for start, end in spans)
+    assert _exits(pid)
+    assert rtml.get(Counter.remote(5).incr.remote(), timeout=60) == 6  # a handle never kept
+
+
+def test_a_method_keeps_its_actor_alive_like_a_handle() -> None:
+    c = Counter.remote()
+    pid = rtml.get(c.pid.remote(), timeout=60)
+    incr = c.incr  # as a bound method keeps its object: the actor lives while it does
+    del c
+    assert rtml.get(incr.remote(), timeout=60) == 1
+    assert rtml.get(incr.options(name="named_incr").remote(2), timeout=60) == 3
+    assert not _exits(pid, timeout=0.5)
+    del incr
+    assert _exits(pid)
+
+
+def test_named_detached_and_shared_actors_outlive_their_handle() -> None:
+    # Named and detached actors are found again by name; a handle pickled for another
+    # process may still be in use there. None of them ends with the creator's handle.
+    names = [f"kept-{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    named = Counter.options(name=names[0]).remote()
+    detached = Counter.options(name=names[1], lifetime="detached").remote()
+    shared = Counter.remote()
+    pids = [rtml.get(h.pid.remote(), timeout=60) for h in (named, detached, shared)]
+    assert rtml.get(bump_via_handle.remote(shared, 2), timeout=60) == 2
+    del named, detached, shared
+    time.sleep(1.0)
+    assert [_exits(pid, timeout=0.1) for pid in pids] == [False, False, False]
+    for name in names:
+        rtml.kill(rtml.get_actor(name))
