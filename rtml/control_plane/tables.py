@@ -23,6 +23,7 @@ package needs to know how Redis is spoken to.
 from __future__ import annotations
 
 import functools
+import os
 import time
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
@@ -45,7 +46,7 @@ EVENTS_MAXLEN = 100_000
 _EVENT_FIELD = b"e"
 _EVENTS_MAXLEN_ARGS: tuple[Arg, ...] = ("MAXLEN", "~", EVENTS_MAXLEN)
 _SCAN_CHUNK = 1000
-_SUBMITTED, _OUTCOME = b"s", b"f"  # the two parts of a task's lineage record
+_FINAL = frozenset({"FINISHED", "FAILED"})  # task statuses no later PENDING undoes
 
 # Deletes KEYS[1] only while it still holds ARGV[1]: compare-and-delete in one step.
 _DELETE_IF_EQUAL = """
@@ -287,22 +288,19 @@ class ControlPlane:
     # -- tasks --------------------------------------------------------------------
 
     @_redis_errors
-    def write_task_records(self, records: list[dict[str, Any]]) -> None:
-        """Merge task records (each with a ``task_id``) into the lineage table: one HSET.
+    def write_task_records(self, records: list[dict[str, Any]], batch_id: bytes = b"") -> None:
+        """Add a batch of task records (each with a ``task_id``) to the lineage table.
 
-        The table is one hash. Field ``<task id>s`` holds a task's submission (a
-        record with ``submit_ts``), ``<task id>f`` its latest outcome; they merge
-        when read. One field per record and no key per task keep a task's cost to
-        Redis at a few microseconds (a key and a sorted-set entry each cost ~17).
+        The table is one hash with one field per batch: ``batch_id`` (a writer's own
+        prefix and a big-endian sequence number, so that its batches sort in the order
+        written; by default the time, then random bytes), holding the batch's records
+        as one msgpack list. Records of a task merge when read, later over earlier. One field per
+        batch keeps a task's cost to its writer at ~1 us (a field per record cost ~5:
+        packing the command dominated) and to Redis at less.
         """
-        if not records:
-            return
-        command: list[Arg] = ["HSET", self.keys.tasks]
-        encode = _encoder.encode
-        for record in records:
-            part = _SUBMITTED if "submit_ts" in record else _OUTCOME
-            command += (record["task_id"] + part, encode(record))
-        self._client.execute(*command)
+        if records:
+            batch_id = batch_id or time.time_ns().to_bytes(8, "big") + os.urandom(8)
+            self._client.execute("HSET", self.keys.tasks, batch_id, _encoder.encode(records))
 
     @_redis_errors
     def list_tasks(self, filters: dict[str, str] | None = None,
@@ -312,19 +310,26 @@ class ControlPlane:
         A filter matches when the field's JSON-friendly value, as ``str``, equals it
         (ids as hex, e.g. ``{"job_id": job.hex(), "status": "FINISHED"}``).
         """
-        parts: dict[bytes, dict[bytes, dict[str, Any]]] = {}
+        batches: list[tuple[bytes, bytes]] = []
         cursor: Arg = 0
         while True:
             cursor, flat = self._client.execute("HSCAN", self.keys.tasks, cursor,
                                                 "COUNT", _SCAN_CHUNK)
             pairs = iter(flat)
-            for field, value in zip(pairs, pairs, strict=True):
-                parts.setdefault(field[:-1], {})[field[-1:]] = _decoder.decode(value)
+            batches += zip(pairs, pairs, strict=True)
             if cursor == b"0":
                 break
+        tasks: dict[bytes, dict[str, Any]] = {}
+        for _, batch in sorted(batches):
+            for record in _decoder.decode(batch):
+                task = tasks.setdefault(record["task_id"], {})
+                status = task.get("status")
+                task.update(record)
+                if status in _FINAL and record.get("status") not in _FINAL:
+                    task["status"] = status  # another writer's PENDING, read out of order
         found = []
-        for part in parts.values():
-            task = to_jsonable({**part.get(_SUBMITTED, {}), **part.get(_OUTCOME, {})})
+        for record in tasks.values():
+            task = to_jsonable(record)
             if _matches(task, filters):
                 found.append(task)
         found.sort(key=lambda task: task.get("submit_ts", 0.0))

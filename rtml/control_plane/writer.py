@@ -8,10 +8,11 @@
     deque (tasks)   deque (events)
         |   every `interval` s, or on flush()
         v
-    flusher thread: drain <= max_batch, merge records per task_id
+    flusher thread: drain <= max_batch
         |
         v
-    ControlPlane.write_task_records / append_events   (one pipelined round trip each)
+    ControlPlane.write_task_records / append_events   (one round trip each; a batch of
+                                                       task records is one hash field)
 
 ``deque.append`` and ``deque.popleft`` are atomic, so submitting takes no lock.
 A lock serialises *flushes* only, so a caller's ``flush()`` and the thread never
@@ -21,7 +22,9 @@ write two batches out of order (an older status cannot overwrite a newer one).
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
+import os
 import threading
 from typing import Any
 
@@ -45,6 +48,8 @@ class BatchedWriter:
         self._tasks: collections.deque[dict[str, Any]] = collections.deque()
         self._events: collections.deque[dict[str, Any]] = collections.deque()
         self._flush_lock = threading.Lock()
+        self._batch_prefix = os.urandom(8)  # then a sequence number: batches sort in order
+        self._batch_seq = itertools.count()
         self._stop = threading.Event()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="rtml-batched-writer",
@@ -52,8 +57,7 @@ class BatchedWriter:
         self._thread.start()
 
     def submit_task(self, record: dict[str, Any]) -> None:
-        """Queue a task record (must hold ``task_id``; the writer may change it); never
-        blocks, never raises."""
+        """Queue a task record (must hold ``task_id``); never blocks, never raises."""
         self._tasks.append(record)
 
     def submit_event(self, event: dict[str, Any]) -> None:
@@ -92,8 +96,9 @@ class BatchedWriter:
     def _write_tasks(self, records: list[dict[str, Any]]) -> None:
         if not records:
             return
+        batch_id = self._batch_prefix + next(self._batch_seq).to_bytes(8, "big")
         try:
-            self._plane.write_task_records(_merge_by_task(records))
+            self._plane.write_task_records(records, batch_id)
         except Exception:
             logger.exception("dropped %d task records: control-plane write failed",
                              len(records))
@@ -118,19 +123,3 @@ def _drain(queue: collections.deque[dict[str, Any]], limit: int) -> list[dict[st
         pass
     return out
 
-
-def _merge_by_task(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One record per task_id, later fields overriding earlier ones (merged in place:
-    submitted records belong to the writer)."""
-    merged: dict[bytes, dict[str, Any]] = {}
-    for record in records:
-        task_id = record.get("task_id")
-        if not isinstance(task_id, bytes):
-            logger.error("dropped a task record without a bytes task_id: %r", record)
-            continue
-        first = merged.get(task_id)
-        if first is None:
-            merged[task_id] = record
-        else:
-            first.update(record)
-    return list(merged.values())

@@ -136,6 +136,28 @@ def test_task_records_merge_and_filter(plane: ControlPlane) -> None:
     assert plane.list_tasks({"status": "NOPE"}) == []
 
 
+def test_a_writers_batches_merge_in_the_order_written(plane: ControlPlane) -> None:
+    task = b"\x13" * 16
+    prefix = b"\x7f" * 8
+    for seq, attempt in ((2, 2), (1, 1), (256, 3)):  # written out of order on purpose
+        plane.write_task_records([{"task_id": task, "status": "FAILED", "attempt": attempt}],
+                                 prefix + seq.to_bytes(8, "big"))
+    [found] = [t for t in plane.list_tasks() if t["task_id"] == task.hex()]
+    assert found["attempt"] == 3  # the batch numbered last wins, not the one written last
+
+
+def test_a_final_status_is_not_undone_by_another_writers_pending(plane: ControlPlane) -> None:
+    # The head marks a dead driver's PENDING tasks FAILED; its batch may sort before the
+    # driver's own, which must not bring the task back to PENDING when read.
+    task = b"\x14" * 16
+    plane.write_task_records([{"task_id": task, "status": "FAILED", "error": "gone"}],
+                             b"\x00" * 16)
+    plane.write_task_records([{"task_id": task, "name": "f", "status": "PENDING",
+                               "submit_ts": 1.0}], b"\xff" * 16)
+    [found] = [t for t in plane.list_tasks() if t["task_id"] == task.hex()]
+    assert (found["status"], found["name"], found["error"]) == ("FAILED", "f", "gone")
+
+
 def test_objects_round_trip(plane: ControlPlane) -> None:
     o1, o2 = b"\x20" * 20, b"\x21" * 20
     plane.put_object(o1, {"size": 100, "owner": b"\x05" * 16, "locations": ["n1"]})
