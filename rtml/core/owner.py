@@ -137,9 +137,11 @@ class TaskOwner:
             callbacks += [(cb, ret.object_id) for cb in self.rt.set_entry(ret.object_id, entry)]
         for callback, object_id in callbacks:  # wake getters first; bookkeeping can wait
             callback(object_id)
-        self._finish(record, "FAILED" if msg.returns and msg.returns[0].is_error else "FINISHED",
-                     {"start_ts": msg.start_ts, "end_ts": msg.end_ts,
-                      "worker_pid": msg.worker_pid, "node_id": msg.node_id})
+        self._finish(record, {
+            "task_id": record.spec.task_id, "attempt": record.spec.attempt,
+            "status": "FAILED" if msg.returns and msg.returns[0].is_error else "FINISHED",
+            "start_ts": msg.start_ts, "end_ts": msg.end_ts, "worker_pid": msg.worker_pid,
+            "node_id": msg.node_id})
 
     def _hold_remote_results(self, msg: m.TaskResult) -> None:
         """Results stored on another node: our node manager holds them there for us."""
@@ -158,11 +160,14 @@ class TaskOwner:
         callbacks: list[tuple[Callable[[bytes], Any], bytes]] = []
         for object_id in record.return_ids:
             callbacks += [(cb, object_id) for cb in self.rt.set_entry(object_id, payload)]
-        self._finish(record, "FAILED", {"error": repr(error) if error else "dependency failed"})
+        self._finish(record, {"task_id": record.spec.task_id, "attempt": record.spec.attempt,
+                              "status": "FAILED",
+                              "error": repr(error) if error else "dependency failed"})
         for callback, object_id in callbacks:
             callback(object_id)
 
-    def _finish(self, record: TaskRecord, status: str, fields: dict[str, Any]) -> None:
+    def _finish(self, record: TaskRecord, lineage: dict[str, Any]) -> None:
+        """Forget a finished task; ``lineage``: its outcome record."""
         rt = self.rt
         with rt.lock:
             if record.done:
@@ -172,10 +177,11 @@ class TaskOwner:
             record.keep_alive.clear()
         if record.has_contained:
             rt.nm.send(m.ReleaseHolder(record.spec.task_id))  # releases remote holds too
-        rt.writer.submit_task({"task_id": record.spec.task_id, "status": status,
-                               "attempt": record.spec.attempt, **fields})
-        rt.refs.process_refops()
-        rt.refs.free_unreferenced(record.return_ids)
+        rt.writer.submit_task(lineage)
+        refs = rt.refs
+        if refs.refops:
+            refs.process_refops()
+        refs.free_unreferenced(record.return_ids)
 
     def caller(self, actor_id: bytes, max_task_retries: int) -> ActorCaller:
         """This process's channel to ``actor_id`` (made on first use)."""

@@ -174,7 +174,10 @@ class ReferenceCounter:
     def free_unreferenced(self, object_ids: Sequence[bytes]) -> None:
         """Free results whose refs were all dropped before the task finished."""
         counts = self._counts
-        if all(object_id in counts for object_id in object_ids):
+        for object_id in object_ids:
+            if object_id not in counts:
+                break
+        else:
             return  # the usual case: the caller still holds them
         releases: list[bytes] = []
         holders: list[bytes] = []

@@ -27,12 +27,20 @@ class Exported:
         self._target = target
         self._blob: bytes | None = None
         self._function_id = b""
+        self._exported_to: ClientRuntime | None = None  # the runtime that has it already
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled with the code that calls it (cloudpickle, by value): not our runtime.
+        return {**self.__dict__, "_exported_to": None}
 
     def _export(self, rt: ClientRuntime) -> bytes:
+        if self._exported_to is rt:
+            return self._function_id
         if self._blob is None:
             self._blob = cloudpickle.dumps(self._target)
             self._function_id = hashlib.sha1(self._blob).digest()
         rt.export_function(self._function_id, self._blob)
+        self._exported_to = rt
         return self._function_id
 
 
@@ -66,9 +74,8 @@ class RemoteFunction(Exported):
     def __init__(self, function: Any, options: dict[str, Any]) -> None:
         super().__init__(function)
         self._options = check_options(dict(options), TASK_OPTIONS, "a remote function")
-        self._shape = _shape_of(self._options)
-        self._key = _key_of(self._shape, self._options)
         self._name = getattr(function, "__qualname__", repr(function))
+        self._call = _CallOptions(self._name, self._options)
         self.__doc__ = function.__doc__
         self.__name__ = getattr(function, "__name__", self._name)
 
@@ -82,17 +89,27 @@ class RemoteFunction(Exported):
         return _Bound(self, {**self._options, **options})
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
-        return self._submit(self._options, self._shape, self._key, args, kwargs)
+        return self._submit(self._call, args, kwargs)
 
-    def _submit(self, options: dict[str, Any], shape: Shape, key: tuple[Any, ...],
-                args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _submit(self, call: _CallOptions, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         rt = context.require_runtime()
-        return submit_call(rt, name=options.get("name") or self._name,
-                           function_id=self._export(rt), args=args, kwargs=kwargs,
-                           num_returns=options.get("num_returns", 1), shape=shape,
-                           max_retries=options.get("max_retries", 3),
-                           retry_exceptions=options.get("retry_exceptions", False),
-                           key=key)
+        return submit_call(rt, name=call.name, function_id=self._export(rt), args=args,
+                           kwargs=kwargs, num_returns=call.num_returns, shape=call.shape,
+                           max_retries=call.max_retries,
+                           retry_exceptions=call.retry_exceptions, key=call.key)
+
+
+class _CallOptions:
+    """What a call under one set of options needs, worked out once, not per call."""
+
+    def __init__(self, name: str, options: dict[str, Any]) -> None:
+        self.name = options.get("name") or name
+        self.num_returns = options.get("num_returns", 1)
+        self.max_retries = options.get("max_retries", 3)
+        self.retry_exceptions = options.get("retry_exceptions", False)
+        self.shape = task_shape(options.get("num_cpus"), options.get("num_gpus"),
+                                options.get("memory"), options.get("resources"))
+        self.key = (*shape_key(self.shape), strategy_of(options))  # tasks sharing leases
 
 
 class _Bound:
@@ -100,20 +117,8 @@ class _Bound:
 
     def __init__(self, function: RemoteFunction, options: dict[str, Any]) -> None:
         self._function = function
-        self._opts = options
-        self._shape = _shape_of(options)
-        self._key = _key_of(self._shape, options)
+        self._call = _CallOptions(function._name, options)
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
-        return self._function._submit(self._opts, self._shape, self._key, args, kwargs)
+        return self._function._submit(self._call, args, kwargs)
 
-
-def _key_of(shape: Shape, options: dict[str, Any]) -> tuple[Any, ...]:
-    """The lease key: tasks with equal keys may share a leased worker."""
-    return (*shape_key(shape), strategy_of(options))
-
-
-def _shape_of(options: dict[str, Any]) -> Shape:
-    """The resource shape of a task's options, computed once per options, not per call."""
-    return task_shape(options.get("num_cpus"), options.get("num_gpus"),
-                      options.get("memory"), options.get("resources"))

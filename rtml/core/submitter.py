@@ -44,7 +44,7 @@ LONG_TASK_SECONDS = 0.05
 MAX_LEASE_REQUESTS = 8
 
 
-@dataclass
+@dataclass(eq=False, slots=True)  # compared by identity (queues remove them by it)
 class TaskRecord:
     spec: m.TaskSpec
     shape: Shape
@@ -77,6 +77,27 @@ class LeasedWorker:
     timer_armed: bool = False
 
 
+class RunTimes:
+    """Moving-average run time and the pipeline depth it allows, per function, in one
+    lease queue (each queue has its own).
+
+    Not per queue alone: functions of one shape share leases, and a long task must
+    not be queued behind another function's deep pipeline. Not per function alone:
+    one function's calls under other options (``num_gpus=2`` vs 1) are other work.
+    """
+
+    def __init__(self) -> None:
+        self._avg: dict[bytes, float] = {}
+        self.depth: dict[bytes, int] = {}  # absent: never timed, one at a time
+
+    def record(self, function_id: bytes, seconds: float) -> None:
+        avg = self._avg.get(function_id)
+        avg = self._avg[function_id] = seconds if avg is None else 0.8 * avg + 0.2 * seconds
+        self.depth[function_id] = (
+            1 if avg >= LONG_TASK_SECONDS else
+            min(PIPELINE_DEPTH, 1 + math.ceil(COVER_SECONDS / max(avg, 1e-6))))
+
+
 @dataclass
 class ShapeQueue:
     shape: Shape
@@ -85,29 +106,7 @@ class ShapeQueue:
     tasks: deque[TaskRecord] = field(default_factory=deque)
     workers: list[LeasedWorker] = field(default_factory=list)
     lease_requests: set[int] = field(default_factory=set)
-
-
-RunKey = tuple[tuple[Any, ...], bytes]  # (lease queue key, function id)
-
-
-class RunTimes:
-    """Moving-average run time and the pipeline depth it allows, per function and
-    lease queue.
-
-    Not per queue alone: functions of one shape share leases, and a long task must
-    not be queued behind another function's deep pipeline. Not per function alone:
-    one function's calls under other options (``num_gpus=2`` vs 1) are other work.
-    """
-
-    def __init__(self) -> None:
-        self._avg: dict[RunKey, float] = {}
-        self.depth: dict[RunKey, int] = {}  # absent: never timed, one at a time
-
-    def record(self, key: RunKey, seconds: float) -> None:
-        avg = self._avg.get(key)
-        avg = self._avg[key] = seconds if avg is None else 0.8 * avg + 0.2 * seconds
-        self.depth[key] = (1 if avg >= LONG_TASK_SECONDS else
-                           min(PIPELINE_DEPTH, 1 + math.ceil(COVER_SECONDS / max(avg, 1e-6))))
+    run_times: RunTimes = field(default_factory=RunTimes)
 
 
 class TaskSubmitter:
@@ -115,7 +114,6 @@ class TaskSubmitter:
         self.rt = runtime
         self.queues: dict[tuple[Any, ...], ShapeQueue] = {}
         self.records: dict[bytes, TaskRecord] = {}
-        self.run_times = RunTimes()
         # req_id -> (queue key, the node manager asked, that node's id)
         self._lease_keys: dict[int, tuple[tuple[Any, ...], Connection, bytes]] = {}
 
@@ -145,7 +143,7 @@ class TaskSubmitter:
         tasks = queue.tasks
         workers = queue.workers
         if tasks and workers:
-            depths = self.run_times.depth
+            depths = queue.run_times.depth
             spread = queue.strategy == SPREAD  # one task per lease: each placed on its own
             pushed = True
             while tasks and pushed:  # one task per worker with room per pass: evenly spread
@@ -153,7 +151,7 @@ class TaskSubmitter:
                 for worker in workers:
                     if not tasks:
                         break
-                    depth = 1 if spread else depths.get((key, tasks[0].spec.function_id), 1)
+                    depth = 1 if spread else depths.get(tasks[0].spec.function_id, 1)
                     if len(worker.inflight) < depth and not worker.solo:
                         self._push(worker, tasks.popleft(), depth == 1)
                         pushed = True
@@ -288,9 +286,9 @@ class TaskSubmitter:
                 return
             worker.solo -= record.solo
             queue = self.queues[worker.key]
-            self.run_times.record((worker.key, record.spec.function_id),
-                                  msg.end_ts - msg.start_ts)
-            retry = not record.cancelled and rt.owner.should_retry_exception(record, msg)
+            queue.run_times.record(record.spec.function_id, msg.end_ts - msg.start_ts)
+            retry = (bool(record.retry_exceptions) and not record.cancelled
+                     and rt.owner.should_retry_exception(record, msg))
             if retry:
                 record.spec.attempt += 1
                 queue.tasks.appendleft(record)

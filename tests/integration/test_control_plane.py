@@ -209,11 +209,9 @@ def test_events_keep_order_and_filter_by_job(plane: ControlPlane) -> None:
 def test_batched_writer_flush_makes_records_visible(plane: ControlPlane) -> None:
     writer = BatchedWriter(plane, interval=0.05, max_batch=700)
     ids = [i.to_bytes(16, "big") for i in range(5000)]
-    start = time.perf_counter()
     for n, tid in enumerate(ids):
         writer.submit_task({"task_id": tid, "name": "noop", "status": "PENDING",
                             "submit_ts": float(n)})
-    per_submit = (time.perf_counter() - start) / len(ids)
     for tid in ids[:10]:
         writer.submit_task({"task_id": tid, "status": "FINISHED"})
     writer.submit_event({"kind": "done"})
@@ -223,7 +221,6 @@ def test_batched_writer_flush_makes_records_visible(plane: ControlPlane) -> None
     assert sum(t["status"] == "FINISHED" for t in tasks) == 10
     assert all(t["name"] == "noop" for t in tasks)
     assert plane.read_events() == [{"kind": "done"}]
-    assert per_submit < 20e-6  # ~1 us expected; generous for a loaded CI box
     writer.close()
     writer.close()
 

@@ -235,6 +235,22 @@ def test_task_submits_tasks_and_gets_results() -> None:
     assert rtml.get(sum_of_squares.remote(5), timeout=60) == 0 + 1 + 4 + 9 + 16
 
 
+def test_a_remote_function_used_here_can_be_shipped_inside_another() -> None:
+    # ``outer`` is pickled by value with ``inner`` in it, after ``inner`` ran from here:
+    # what ``inner`` keeps about this process (its runtime) must not travel with it.
+    @rtml.remote
+    def inner(x: int) -> int:
+        return x + 1
+
+    assert rtml.get(inner.remote(1), timeout=60) == 2
+
+    @rtml.remote
+    def outer(x: int) -> int:
+        return rtml.get(inner.remote(x)) * 10
+
+    assert rtml.get(outer.remote(2), timeout=60) == 30
+
+
 def test_recursive_fib_on_two_cpus_does_not_deadlock() -> None:
     assert rtml.get(fib.remote(6), timeout=90) == 8
 
