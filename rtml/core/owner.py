@@ -52,8 +52,8 @@ class TaskOwner:
         if rt.nm.closed:
             raise RtmlSystemError(f"the node manager at {rt.config.nm_address} is gone; "
                                   f"call rtml.shutdown() and rtml.init() again")
-        if rt.refs.refops:
-            rt.refs.process_refops()
+        # Reference changes queued meanwhile are applied when a result comes in (_finish),
+        # before it frees unreferenced returns, and by get/wait: not once per submission.
         # Recorded before the task can finish, so its final status is written last.
         rt.writer.submit_task({"task_id": spec.task_id, "name": spec.name,
                                "job_id": spec.job_id, "owner_id": rt.client_id,

@@ -130,14 +130,19 @@ class TaskSubmitter:
         """Queue a task whose arguments are resolved and push what can go now."""
         key = record.key
         strategy = key[-1] if key else ""  # a remote function's key ends with its strategy
-        preferred = self._args_node(record.spec)
+        preferred = self._args_node(record.spec) if record.spec.args else b""
         if preferred:
             key = record.key = (*key, preferred)
         queue = self.queues.get(key)
         if queue is None:
             queue = self.queues[key] = ShapeQueue(record.shape, strategy, preferred)
-        queue.tasks.append(record)
-        self._pump(key, queue)
+        tasks = queue.tasks
+        tasks.append(record)
+        # Outside a pump, tasks wait only while no worker has room, and a full set of lease
+        # requests is out once MAX_LEASE_REQUESTS wait: then pumping could change nothing
+        # (results, grants and lost workers pump again).
+        if len(tasks) <= MAX_LEASE_REQUESTS:
+            self._pump(key, queue)
 
     def _pump(self, key: tuple[Any, ...], queue: ShapeQueue) -> None:
         tasks = queue.tasks
