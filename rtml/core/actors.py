@@ -205,6 +205,19 @@ class ActorMethod:
         raise TypeError(f"actor method {self._name!r} cannot be called directly; "
                         f"use .{self._name}.remote(...)")
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        if self._counts is not None:  # usable elsewhere from now on, as a pickled handle
+            self._counts.escaped(self._actor_id)
+        return (_rebuild_method, (self._actor_id, self._class_name, self._max_task_retries,
+                                  self._name, self._opts))
+
+
+def _rebuild_method(actor_id: bytes, class_name: str, max_task_retries: int, name: str,
+                    options: dict[str, Any]) -> ActorMethod:
+    handle = ActorHandle(actor_id, class_name, {name: options.get("num_returns", 1)},
+                         max_task_retries)
+    return ActorMethod(handle, name, options)
+
 
 def method(num_returns: int = 1) -> Any:
     """Decorator setting an actor method's default ``num_returns``."""
@@ -245,6 +258,7 @@ class ActorCaller:
         if self.conn is None:
             if queue and not self.resolving:
                 self._resolve()
+            self._end_if_unused()
             return
         while queue and (queue[0].done or queue[0].deps == 0):
             record = queue.popleft()
@@ -252,11 +266,20 @@ class ActorCaller:
                 continue
             self.inflight[record.spec.task_id] = record
             self.rt.send_ordered(self.conn, m.PushTask(record.spec))
+        self._end_if_unused()
+
+    def _end_if_unused(self) -> None:
+        """Its last handle is gone and no call of ours is left on it: end it (every way a
+        call leaves the queue or the in-flight set passes here or through ``flush``)."""
+        if self.end_when_idle and not self.inflight and not self.queue:
+            self.end_when_idle = False
+            self.rt.owner.handles.end(self.actor_id)
 
     def cancel_queued(self, record: TaskRecord) -> bool:
         """Drop a call not yet sent; True if it was still queued here."""
         if record in self.queue:
             self.queue.remove(record)
+            self._end_if_unused()
             return True
         return False
 
@@ -296,11 +319,10 @@ class ActorCaller:
         if isinstance(msg, m.TaskResult):
             with self.rt.lock:
                 record = self.inflight.pop(msg.task_id, None)
-                end = self.end_when_idle and not self.inflight and not self.queue
             if record is not None:
                 self.rt.owner.complete_task(record, msg)
-            if end:
-                self.rt.owner.handles.end(self.actor_id)
+            with self.rt.lock:
+                self._end_if_unused()
 
     def _on_closed(self, conn: Connection, reason: str) -> None:
         failed: list[TaskRecord] = []

@@ -95,7 +95,7 @@ class Executor:
         except Exception as exc:  # a bug of ours: the owner must still get an answer
             log.exception("executing %s failed", spec.name)
             result = self._result(spec, self._plain_error_returns(spec, exc), time.time())
-        self._settle_refs()
+        self.rt.refs.settle()  # see ReferenceCounter.settle: before the owner may release
         conn.send(result)
 
     def _start_calls(self) -> None:
@@ -125,15 +125,11 @@ class Executor:
             except Exception as exc:
                 returns = self._exception_returns(spec, exc)
             result = self._result(spec, returns, start)
-        self._settle_refs()
+        refs = self.rt.refs  # settle() without blocking the loop for the fence
+        refs.drain()
+        if refs.needs_fence():
+            await asyncio.get_running_loop().run_in_executor(None, refs.fence)
         conn.send(result)
-
-    def _settle_refs(self) -> None:
-        """Before a result leaves: holds on what the task borrowed are sent, and in place
-        on the objects' nodes (the owner releases the task's own holds on receipt)."""
-        refs = self.rt.refs
-        refs.process_refops()
-        refs.fence_holds()
 
     # -- one task ----------------------------------------------------------------------------
 

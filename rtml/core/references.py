@@ -56,6 +56,7 @@ class ReferenceCounter:
         """Owned objects pickled before their value existed: promoted once it is set."""
         self.locations: dict[bytes, bytes] = {}  # object -> its primary node, if not ours
         self._unfenced: set[bytes] = set()  # other nodes our node manager forwarded holds to
+        self._fence_lock = threading.Lock()  # one fence at a time: it covers all sent before
 
     # -- ObjectRef hooks -----------------------------------------------------------------------
 
@@ -127,20 +128,43 @@ class ReferenceCounter:
             if kind is m.AddHolds and node_id and node_id != self.rt.node_id:
                 self._unfenced.add(node_id)
 
-    def fence_holds(self) -> None:
-        """Block until the holds this process added on other nodes' objects are in place
-        there. A worker calls it before sending a result: the owner then releases what
-        the task held for its arguments, and that release (owner -> the object's node)
-        must not overtake the hold a borrower added through its own node manager."""
+    def settle(self) -> None:
+        """Send the holds for every reference change made so far, and block until those
+        on other nodes' objects are in place there.
+
+        A worker calls it before sending a result: the owner then releases what the task
+        held for its arguments, and that release (owner -> the object's node) must not
+        overtake a hold the task's code added through this node's manager. Another
+        thread may be applying changes, or fencing holds, that include this task's:
+        both are waited for (under their locks), so the guarantee holds per task.
+        """
+        self.drain()
+        self.fence()
+
+    def drain(self) -> None:
+        """Apply every change queued so far, waiting for a drain under way elsewhere."""
+        with self._ref_lock:  # a drain under way on another thread sends its holds first
+            pass
+        self.process_refops()
+
+    def fence(self) -> None:
+        """Block until the holds sent so far on other nodes' objects are in place there."""
         if not self._unfenced:
             return
-        nodes = list(self._unfenced)
-        self._unfenced.clear()
-        try:
-            self.rt.request(self.rt.nm, lambda req_id: m.FenceHolds(req_id, nodes))
-        except GetTimeoutError:
-            log.warning("holds on objects of nodes %s not confirmed in time",
-                        [node_id.hex()[:12] for node_id in nodes])
+        with self._fence_lock:
+            if not self._unfenced:
+                return  # a fence that finished meanwhile covered ours
+            nodes = list(self._unfenced)
+            self._unfenced.clear()
+            try:
+                self.rt.request(self.rt.nm, lambda req_id: m.FenceHolds(req_id, nodes))
+            except GetTimeoutError:
+                log.warning("holds on objects of nodes %s not confirmed in time",
+                            [node_id.hex()[:12] for node_id in nodes])
+
+    def needs_fence(self) -> bool:
+        """Whether :meth:`fence` would block (holds on other nodes' objects unconfirmed)."""
+        return bool(self._unfenced)
 
     def process_refops(self) -> None:
         """Apply queued reference-count changes; send holds and releases."""
@@ -148,23 +172,33 @@ class ReferenceCounter:
         if not self.refops:
             return
         releases: list[bytes] = []
-        adds: list[bytes] = []
         holders: list[bytes] = []
+        # Borrowed objects whose hold changed in this batch -> held before it. Only the net
+        # change is sent: a release and a re-borrow of one object in one batch (as sent,
+        # add then release) would otherwise drop a hold still needed.
+        touched: dict[bytes, bool] = {}
+        borrowed = self._borrowed
         with self._ref_lock:
             ops = self.refops
             while ops:
                 object_id, delta = ops.popleft()
                 if delta == 0:
-                    if object_id not in self._borrowed and not self._owns(object_id):
-                        self._borrowed.add(object_id)
-                        adds.append(object_id)
+                    if object_id not in borrowed and not self._owns(object_id):
+                        touched.setdefault(object_id, False)
+                        borrowed.add(object_id)
                     continue
                 count = self._counts.get(object_id, 0) + delta
                 if count > 0:
                     self._counts[object_id] = count
                     continue
                 self._counts.pop(object_id, None)
-                self._free(object_id, releases, holders)
+                if object_id in borrowed:
+                    touched.setdefault(object_id, True)
+                    borrowed.discard(object_id)
+                else:
+                    self._free(object_id, releases, holders)
+            adds = [oid for oid, held in touched.items() if not held and oid in borrowed]
+            releases += [oid for oid, held in touched.items() if held and oid not in borrowed]
             # Sent under the lock: another thread's add and release of the same
             # object must reach the node manager in the order they were decided.
             if adds:
@@ -201,10 +235,7 @@ class ReferenceCounter:
                 or task_of(object_id) in rt.submitter.records)
 
     def _free(self, object_id: bytes, releases: list[bytes], holders: list[bytes]) -> None:
-        if object_id in self._borrowed:
-            self._borrowed.discard(object_id)
-            releases.append(object_id)
-            return
+        """Drop an owned object nobody references any more."""
         rt = self.rt
         with rt.lock:
             promoted = object_id in rt.store.promoted

@@ -344,3 +344,56 @@ def test_named_detached_and_shared_actors_outlive_their_handle() -> None:
     assert [_exits(pid, timeout=0.1) for pid in pids] == [False, False, False]
     for name in names:
         rtml.kill(rtml.get_actor(name))
+
+
+@rtml.remote
+def fails_first() -> int:
+    raise ValueError("the argument's task failed")
+
+
+@rtml.remote
+def call_method(method, x: int) -> int:
+    return rtml.get(method.remote(x))
+
+
+def test_an_unreferenced_actor_ends_when_its_last_call_fails_or_is_cancelled() -> None:
+    # Calls that leave without a result (their argument failed, or they were cancelled
+    # while queued) end it too, not only answered ones.
+    failed_arg = Counter.remote()
+    pid = rtml.get(failed_arg.pid.remote(), timeout=60)
+    call = failed_arg.incr.remote(fails_first.remote())
+    del failed_arg
+    with pytest.raises(TaskError):
+        rtml.get(call, timeout=30)
+    assert _exits(pid)
+    cancelled = Sleeper.remote()
+    pid = rtml.get(cancelled.pid.remote(), timeout=60)
+    call = cancelled.nap.remote(Sleeper.remote().nap.remote(1.0))  # queued on its argument
+    del cancelled
+    rtml.cancel(call)
+    assert _exits(pid)
+
+
+def test_an_unreferenced_actor_that_crashed_is_not_restarted() -> None:
+    c = Counter.options(max_restarts=1).remote()
+    actor_id = c._actor_id.hex()
+    rtml.get(c.pid.remote(), timeout=60)
+    crash = c.crash.remote()
+    del c
+    with pytest.raises(ActorDiedError):
+        rtml.get(crash, timeout=30)
+    plane = rtml.core.context.require_runtime().plane
+    deadline = time.monotonic() + 15
+    while _state(plane, actor_id) != "DEAD" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _state(plane, actor_id) == "DEAD"  # not ALIVE again after a restart
+
+
+def _state(plane, actor_id: str) -> str:
+    return next(a["state"] for a in plane.list_actors() if a["actor_id"] == actor_id)
+
+
+def test_a_bound_method_can_be_passed_to_a_task() -> None:
+    c = Counter.remote(40)
+    assert rtml.get(call_method.remote(c.incr, 2), timeout=60) == 42
+    assert rtml.get(c.get.remote(), timeout=60) == 42
