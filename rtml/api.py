@@ -259,8 +259,8 @@ def wait(refs: list[ObjectRef], *, num_returns: int = 1, timeout: float | None =
         raise TypeError(f"wait() takes a list of ObjectRefs, got {type(refs).__name__}")
     ref_list, _ = _as_refs(refs, "wait()") if refs else ([], False)
     _check_timeout(timeout, "wait()")
-    ids = list(map(_ID, ref_list))
-    if len(set(ids)) != len(ids):
+    ids = set(map(_ID, ref_list))
+    if len(ids) != len(ref_list):
         raise ValueError("wait() got duplicate ObjectRefs; pass each ref once")
     if not ref_list:
         return [], []
@@ -277,7 +277,7 @@ def wait(refs: list[ObjectRef], *, num_returns: int = 1, timeout: float | None =
     return chosen, rest
 
 
-def _wait_ready(rt: ClientRuntime, refs: list[ObjectRef], ids: list[bytes], num_returns: int,
+def _wait_ready(rt: ClientRuntime, refs: list[ObjectRef], ids: set[bytes], num_returns: int,
                 timeout: float | None, fetch_local: bool) -> set[bytes]:
     with rt.lock:
         # Set operations first: a value in the memory store that is not known to live on
@@ -285,7 +285,9 @@ def _wait_ready(rt: ClientRuntime, refs: list[ObjectRef], ids: list[bytes], num_
         ready = rt.store.entries.keys() & ids
         if fetch_local:
             ready -= rt.refs.locations.keys()
-        ready.update(r.id for r in refs if r.id not in ready and rt.ready_here(r, fetch_local))
+        if len(ready) < len(ids):
+            ready.update(r.id for r in refs if r.id not in ready
+                         and rt.ready_here(r, fetch_local))
         if len(ready) >= num_returns:
             return ready  # no callbacks to register and cancel: O(refs) cheap checks
         # Only callbacks can make a ref ready; with timeout 0 an owned task's result
