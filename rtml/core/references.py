@@ -56,6 +56,7 @@ class ReferenceCounter:
         """Owned objects pickled before their value existed: promoted once it is set."""
         self.locations: dict[bytes, bytes] = {}  # object -> its primary node, if not ours
         self._unfenced: set[bytes] = set()  # other nodes our node manager forwarded holds to
+        self._unfenced_lock = threading.Lock()  # a leaf lock: taken with nothing else after it
         self._fence_lock = threading.Lock()  # one fence at a time: it covers all sent before
 
     # -- ObjectRef hooks -----------------------------------------------------------------------
@@ -126,7 +127,8 @@ class ReferenceCounter:
         for node_id, ids in by_node.items():
             self.rt.nm.send(kind(ids, holder, node_id))
             if kind is m.AddHolds and node_id and node_id != self.rt.node_id:
-                self._unfenced.add(node_id)
+                with self._unfenced_lock:  # after the send: a fence taking it follows it
+                    self._unfenced.add(node_id)
 
     def settle(self) -> None:
         """Send the holds for every reference change made so far, and block until those
@@ -152,10 +154,11 @@ class ReferenceCounter:
         if not self._unfenced:
             return
         with self._fence_lock:
-            if not self._unfenced:
+            with self._unfenced_lock:
+                nodes = list(self._unfenced)
+                self._unfenced.clear()
+            if not nodes:
                 return  # a fence that finished meanwhile covered ours
-            nodes = list(self._unfenced)
-            self._unfenced.clear()
             try:
                 self.rt.request(self.rt.nm, lambda req_id: m.FenceHolds(req_id, nodes))
             except GetTimeoutError:

@@ -462,7 +462,7 @@ class Reactor:
             self._thread.join(timeout=5)
 
     def close(self) -> None:
-        """Close every connection and the selector; call after :meth:`stop`."""
+        """Close every connection and the epoll object; call after :meth:`stop`."""
         for watched in list(self._watched.values()):
             if isinstance(watched, Connection):
                 watched.on_close = None
