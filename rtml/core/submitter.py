@@ -291,7 +291,8 @@ class TaskSubmitter:
                 return
             worker.solo -= record.solo
             queue = self.queues[worker.key]
-            queue.run_times.record(record.spec.function_id, msg.end_ts - msg.start_ts)
+            if not msg.cancelled:  # a cancelled run's length says nothing of the function's
+                queue.run_times.record(record.spec.function_id, msg.end_ts - msg.start_ts)
             retry = (bool(record.retry_exceptions) and not record.cancelled
                      and rt.owner.should_retry_exception(record, msg))
             if retry:

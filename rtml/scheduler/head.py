@@ -308,6 +308,9 @@ class HeadService(Service):
             actor.error = f"the actor's constructor failed: {msg.error}"
             self._kill(actor, actor.error)
             return
+        if actor.no_restart:  # killed while it was (re)starting: its worker came up anyway
+            self._kill(actor, actor.error or "it was killed while starting")
+            return
         actor.state, actor.address, actor.tcp_address = "ALIVE", msg.address, msg.tcp_address
         self._record(actor)
         self._answer(actor)

@@ -40,9 +40,11 @@ class WorkerProc:
     tcp_address: str = ""  # owners on other nodes
     gone: bool = False
     pidfd: int = -1  # open while the process is known to be alive
+    doomed: bool = False  # killed before its fork was reported: killed once it is
 
     def kill(self) -> None:
         """SIGKILL the worker through its pidfd: never a process that reused its pid."""
+        self.doomed = True
         if self.pidfd >= 0 and not self.gone:
             with contextlib.suppress(ProcessLookupError):
                 signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
@@ -95,6 +97,8 @@ class WorkerLauncher:
         worker.pidfd = pidfd
         loop = asyncio.get_running_loop()
         loop.add_reader(pidfd, self._exited, worker, pidfd)
+        if worker.doomed:  # e.g. its actor was killed while the zygote forked it
+            worker.kill()
 
     def _exited(self, worker: WorkerProc, pidfd: int) -> None:
         asyncio.get_running_loop().remove_reader(pidfd)

@@ -349,6 +349,27 @@ def test_a_short_task_does_not_queue_behind_a_long_one(tmp_path) -> None:
     rtml.cancel(slow, force=True)
 
 
+def test_a_run_cut_short_by_cancel_does_not_make_a_function_look_short(tmp_path) -> None:
+    # Cancelled a few ms after it started, sleep_forever must still count as untimed
+    # (run alone): a recorded run time of a few ms would let short tasks queue behind it.
+    first = str(tmp_path / "first")
+    ref = sleep_forever.options(max_retries=0).remote(first)
+    while not os.path.exists(first):
+        time.sleep(0.001)
+    rtml.cancel(ref)
+    with pytest.raises(TaskCancelledError):
+        rtml.get(ref, timeout=20)
+    rtml.get([timed_sleep.remote(0) for _ in range(50)])
+    second = str(tmp_path / "second")
+    slow = sleep_forever.options(max_retries=0).remote(second)
+    try:
+        _wait_for_file(second)
+        start, end = rtml.get(timed_sleep.remote(0), timeout=20)
+        assert end - start < 5
+    finally:
+        rtml.cancel(slow, force=True)
+
+
 def test_force_cancel_running_task(tmp_path) -> None:
     marker = str(tmp_path / "started")
     ref = sleep_forever.remote(marker)
