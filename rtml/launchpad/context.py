@@ -28,6 +28,8 @@ class NodeContext:
     token: str  # the program's token, presented on every connection
     stop_event: threading.Event = field(default_factory=threading.Event)
     handlers: list[Callable[[], None]] = field(default_factory=list)
+    stopping: bool = False  # handlers registered from now on run at once
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         self.controller.add_stop_listener(self._on_stop)
@@ -38,12 +40,20 @@ class NodeContext:
                            self.token)
 
     def _on_stop(self) -> None:
+        # Handlers first: a node returns (and its process may exit) as soon as the event
+        # is set, which must not cut a handler short.
+        with self.lock:
+            self.stopping = True
+            handlers = list(self.handlers)
+        for handler in handlers:
+            self.run_handler(handler)
         self.stop_event.set()
-        for handler in list(self.handlers):
-            try:
-                handler()
-            except Exception:
-                log.exception("a stop handler of %s failed", self.description)
+
+    def run_handler(self, handler: Callable[[], None]) -> None:
+        try:
+            handler()
+        except Exception:
+            log.exception("a stop handler of %s failed", self.description)
 
 
 _local = threading.local()
@@ -124,6 +134,8 @@ def register_stop_handler(handler: Callable[[], None]) -> None:
     if context is None:
         raise RuntimeError("lp.register_stop_handler() works inside a node of a launched "
                            "program; call it from the node's code")
-    context.handlers.append(handler)
-    if context.stop_event.is_set():
-        handler()
+    with context.lock:
+        context.handlers.append(handler)
+        stopping = context.stopping
+    if stopping:
+        context.run_handler(handler)
