@@ -294,9 +294,9 @@ class ControlPlane:
         The table is one hash with one field per batch: ``batch_id`` (a writer's own
         prefix and a big-endian sequence number, so that its batches sort in the order
         written; by default the time, then random bytes), holding the batch's records
-        as one msgpack list. Records of a task merge when read, later over earlier. One field per
-        batch keeps a task's cost to its writer at ~1 us (a field per record cost ~5:
-        packing the command dominated) and to Redis at less.
+        as one msgpack list. Records of a task merge when read, later over earlier.
+        One field per batch keeps a task's cost to its writer at ~1 us (a field per
+        record cost ~5: packing the command dominated) and to Redis at less.
         """
         if records:
             batch_id = batch_id or time.time_ns().to_bytes(8, "big") + os.urandom(8)
@@ -322,6 +322,8 @@ class ControlPlane:
         tasks: dict[bytes, dict[str, Any]] = {}
         for _, batch in sorted(batches):
             for record in _decoder.decode(batch):
+                if not isinstance(record, dict) or "task_id" not in record:
+                    continue  # not a task record: nothing to merge it into
                 task = tasks.setdefault(record["task_id"], {})
                 status = task.get("status")
                 task.update(record)

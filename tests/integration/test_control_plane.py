@@ -158,6 +158,12 @@ def test_a_final_status_is_not_undone_by_another_writers_pending(plane: ControlP
     assert (found["status"], found["name"], found["error"]) == ("FAILED", "f", "gone")
 
 
+def test_a_record_without_a_task_id_does_not_break_the_listing(plane: ControlPlane) -> None:
+    task = b"\x15" * 16
+    plane.write_task_records([{"status": "FINISHED"}, {"task_id": task, "status": "PENDING"}])
+    assert [t["status"] for t in plane.list_tasks() if t["task_id"] == task.hex()] == ["PENDING"]
+
+
 def test_objects_round_trip(plane: ControlPlane) -> None:
     o1, o2 = b"\x20" * 20, b"\x21" * 20
     plane.put_object(o1, {"size": 100, "owner": b"\x05" * 16, "locations": ["n1"]})
