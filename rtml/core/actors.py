@@ -295,7 +295,7 @@ class ActorCaller:
             local = info.node_id in (b"", self.rt.node_id)
             address = info.address if local else info.tcp_address
             try:
-                conn = self.rt.connect_worker(address, self._on_message, self._on_closed)
+                conn = self.rt.connect_worker(address, self._on_results, self._on_closed)
             except Exception as exc:
                 log.info("actor %s unreachable at %s: %s", self.actor_id.hex(), address, exc)
                 self.last_address = info.address
@@ -315,14 +315,19 @@ class ActorCaller:
         for record in failed:
             self._fail(record)
 
-    def _on_message(self, conn: Connection, msg: Any) -> None:
-        if isinstance(msg, m.TaskResult):
-            with self.rt.lock:
-                record = self.inflight.pop(msg.task_id, None)
-            if record is not None:
-                self.rt.owner.complete_task(record, msg)
-            with self.rt.lock:
-                self._end_if_unused()
+    def _on_results(self, conn: Connection, msgs: list[Any]) -> None:
+        """The results of one read from the actor's connection."""
+        done: list[tuple[TaskRecord, m.TaskResult]] = []
+        inflight = self.inflight
+        with self.rt.lock:
+            for msg in msgs:
+                record = inflight.pop(msg.task_id, None) if isinstance(msg, m.TaskResult) else None
+                if record is not None:
+                    done.append((record, msg))
+        if done:
+            self.rt.owner.complete_tasks(done)
+        with self.rt.lock:
+            self._end_if_unused()
 
     def _on_closed(self, conn: Connection, reason: str) -> None:
         failed: list[TaskRecord] = []

@@ -37,10 +37,19 @@ class MemoryStore:
         self.has_contained: set[bytes] = set()
         self._waiters: dict[bytes, list[Callback]] = {}
 
-    def put(self, object_id: bytes, entry: Entry) -> list[Callback]:
-        """Store a value; return the callbacks to run (outside the lock)."""
-        self.entries[object_id] = entry
-        return self._waiters.pop(object_id, [])
+    def put(self, entries: list[tuple[bytes, Entry]]) -> list[tuple[Callback, bytes]]:
+        """Store values; return the callbacks to run (outside the lock), each with the id
+        of the object it waited for."""
+        stored = self.entries
+        waiting = self._waiters
+        callbacks: list[tuple[Callback, bytes]] = []
+        for object_id, entry in entries:
+            stored[object_id] = entry
+            if waiting:
+                waiters = waiting.pop(object_id, None)
+                if waiters:
+                    callbacks += [(callback, object_id) for callback in waiters]
+        return callbacks
 
     def get(self, object_id: bytes) -> Entry | None:
         return self.entries.get(object_id)

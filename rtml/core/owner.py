@@ -3,7 +3,7 @@
     submit(record) --> records[task_id], status PENDING
         owned args pending -> a waiter per arg in the memory store (_dep_ready)
         all args ready     -> submitter.enqueue (task) | ActorCaller.call (actor method)
-    TaskResult (submitter / ActorCaller) --> complete_task
+    TaskResults of one read (submitter / ActorCaller) --> complete_tasks
         returns -> memory store (inline) or IN_STORE (shared memory) -> wake getters
         -> _finish: status FINISHED / FAILED, free returns nobody references
     cancel / lease failed / worker or actor lost / node manager gone / failed argument
@@ -123,25 +123,28 @@ class TaskOwner:
         cause = getattr(error, "cause", error)
         return isinstance(cause, tuple(record.retry_exceptions))
 
-    def complete_task(self, record: TaskRecord, msg: m.TaskResult) -> None:
-        """Store the returns of a finished task, wake their getters, record its status."""
-        if record.cancelled:
-            self.fail_task(record, TaskCancelledError(
-                f"task {record.spec.name!r} was cancelled"))
-            return
-        if msg.node_id != self.rt.node_id:
-            self._hold_remote_results(msg)
-        callbacks: list[tuple[Callable[[bytes], Any], bytes]] = []
-        for ret in msg.returns:
-            entry: Entry = ret.value if ret.value is not None else IN_STORE
-            callbacks += [(cb, ret.object_id) for cb in self.rt.set_entry(ret.object_id, entry)]
-        for callback, object_id in callbacks:  # wake getters first; bookkeeping can wait
-            callback(object_id)
-        self._finish(record, {
-            "task_id": record.spec.task_id, "attempt": record.spec.attempt,
-            "status": "FAILED" if msg.returns and msg.returns[0].is_error else "FINISHED",
-            "start_ts": msg.start_ts, "end_ts": msg.end_ts, "worker_pid": msg.worker_pid,
-            "node_id": msg.node_id})
+    def complete_tasks(self, done: list[tuple[TaskRecord, m.TaskResult]]) -> None:
+        """Store the returns of finished tasks, wake their getters, record their status."""
+        here = self.rt.node_id
+        entries: list[tuple[bytes, Entry]] = []
+        finished: list[tuple[TaskRecord, dict[str, Any]]] = []
+        for record, msg in done:
+            if record.cancelled:
+                self.fail_task(record, TaskCancelledError(
+                    f"task {record.spec.name!r} was cancelled"))
+                continue
+            if msg.node_id != here:
+                self._hold_remote_results(msg)
+            for ret in msg.returns:
+                entries.append((ret.object_id, ret.value if ret.value is not None else IN_STORE))
+            finished.append((record, {
+                "task_id": record.spec.task_id, "attempt": record.spec.attempt,
+                "status": "FAILED" if msg.returns and msg.returns[0].is_error else "FINISHED",
+                "start_ts": msg.start_ts, "end_ts": msg.end_ts, "worker_pid": msg.worker_pid,
+                "node_id": msg.node_id}))
+        for callback, object_id in self.rt.set_entries(entries):
+            callback(object_id)  # wake getters first; bookkeeping can wait
+        self._finish(finished)
 
     def _hold_remote_results(self, msg: m.TaskResult) -> None:
         """Results stored on another node: our node manager holds them there for us."""
@@ -157,31 +160,35 @@ class TaskOwner:
         if payload is None:
             assert error is not None, "fail_task needs an error or a stored error payload"
             payload = serialize(StoredError(error)).to_payload(is_error=True)
-        callbacks: list[tuple[Callable[[bytes], Any], bytes]] = []
-        for object_id in record.return_ids:
-            callbacks += [(cb, object_id) for cb in self.rt.set_entry(object_id, payload)]
-        self._finish(record, {"task_id": record.spec.task_id, "attempt": record.spec.attempt,
-                              "status": "FAILED",
-                              "error": repr(error) if error else "dependency failed"})
+        callbacks = self.rt.set_entries([(object_id, payload) for object_id in record.return_ids])
+        self._finish([(record, {"task_id": record.spec.task_id, "attempt": record.spec.attempt,
+                                "status": "FAILED",
+                                "error": repr(error) if error else "dependency failed"})])
         for callback, object_id in callbacks:
             callback(object_id)
 
-    def _finish(self, record: TaskRecord, lineage: dict[str, Any]) -> None:
-        """Forget a finished task; ``lineage``: its outcome record."""
+    def _finish(self, finished: list[tuple[TaskRecord, dict[str, Any]]]) -> None:
+        """Forget finished tasks; each with its outcome record (lineage)."""
         rt = self.rt
+        records = rt.submitter.records
         with rt.lock:
-            if record.done:
-                return
-            record.done = True
-            rt.submitter.records.pop(record.spec.task_id, None)
-            record.keep_alive.clear()
-        if record.has_contained:
-            rt.nm.send(m.ReleaseHolder(record.spec.task_id))  # releases remote holds too
-        rt.writer.submit_task(lineage)
+            finished = [(record, lineage) for record, lineage in finished if not record.done]
+            for record, _ in finished:
+                record.done = True
+                records.pop(record.spec.task_id, None)
+                record.keep_alive.clear()
+        submit = rt.writer.submit_task
+        for record, lineage in finished:
+            if record.has_contained:
+                rt.nm.send(m.ReleaseHolder(record.spec.task_id))  # releases remote holds too
+            submit(lineage)
         refs = rt.refs
         if refs.refops:
             refs.process_refops()
-        refs.free_unreferenced(record.return_ids)
+        if len(finished) == 1:
+            refs.free_unreferenced(finished[0][0].return_ids)
+        elif finished:
+            refs.free_unreferenced([oid for record, _ in finished for oid in record.return_ids])
 
     def caller(self, actor_id: bytes, max_task_retries: int) -> ActorCaller:
         """This process's channel to ``actor_id`` (made on first use)."""

@@ -3,7 +3,7 @@
     user thread                         reactor thread
     -----------                         --------------
     f.remote() -> owner.submit -> submitter.enqueue --> PushTask straight to the leased worker
-    get(ref) -> wait on an Event    <-- TaskResult -> owner.complete_task -> memory store
+    get(ref) -> wait on an Event    <-- TaskResult -> owner.complete_tasks -> memory store
                                                       -> Event.set()
     put(big) -> shm segment + SealObject --> node manager
     ObjectRef.__del__ -> refops deque --> refs.process_refops -> Release* to node manager
@@ -171,10 +171,12 @@ class ClientRuntime:
 
     def connect_worker(self, address: str, handler: Handler,
                        on_close: CloseHandler) -> Connection:
-        """An authenticated connection to a worker, as an owner of this job."""
+        """An authenticated connection to a worker, as an owner of this job; ``handler``
+        gets the results of each read as one list."""
         hello = make_hello(self.token, "driver", self.client_id, self.job_id, self.sys_paths,
                            self.node_id)
-        conn, _ = open_connection(self.reactor, address, hello, handler, on_close)
+        conn, _ = open_connection(self.reactor, address, hello, handler, on_close,
+                                  batched=True)
         return conn
 
     def node_manager_at(self, node_id: bytes, address: str) -> Connection:
@@ -306,11 +308,11 @@ class ClientRuntime:
         """Keep a value this process owns: inline if small, else in shared memory."""
         self._hold_contained(object_id, ser)
         if ser.size <= INLINE_MAX:
-            callbacks = self.set_entry(object_id, ser.to_payload(is_error))
+            entry: Entry = ser.to_payload(is_error)
         else:
             self.write_shared(object_id, ser, holder=self.client_id)
-            callbacks = self.set_entry(object_id, IN_STORE)
-        for callback in callbacks:
+            entry = IN_STORE
+        for callback, _ in self.set_entries([(object_id, entry)]):
             callback(object_id)
 
     def _hold_contained(self, container_id: bytes, ser: Serialized) -> None:
@@ -329,15 +331,19 @@ class ClientRuntime:
         self.nm.send(m.SealObject(object_id, size, holder))
         return size
 
-    def set_entry(self, object_id: bytes, entry: Entry) -> list[Callable[[bytes], Any]]:
-        """Store an owned object's value; returns its waiters, to call without the lock."""
+    def set_entries(self, entries: list[tuple[bytes, Entry]]
+                    ) -> list[tuple[Callable[[bytes], Any], bytes]]:
+        """Store owned objects' values; returns their waiters (each with its object's id),
+        to call without the lock."""
+        escaped = self.refs.escaped_pending
         with self.lock:
-            callbacks = self.store.put(object_id, entry)
-            escaped = object_id in self.refs.escaped_pending
+            callbacks = self.store.put(entries)
             if escaped:
-                self.refs.escaped_pending.discard(object_id)
-                if entry is not IN_STORE:
-                    self.promote(object_id, entry)
+                for object_id, entry in entries:
+                    if object_id in escaped:
+                        escaped.discard(object_id)
+                        if entry is not IN_STORE:
+                            self.promote(object_id, entry)
         return callbacks
 
     def promote(self, object_id: bytes, payload: Any) -> None:

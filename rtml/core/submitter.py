@@ -5,7 +5,7 @@
                                                 | no -> RequestLease to the local node manager
     LeaseSpillback(node) -> RequestLease(spilled) to that node's manager (TCP)
     LeaseGranted -> connect to the worker ------+
-    TaskResult   -> store returns, wake getters, push the next queued task
+    TaskResults  -> store returns, wake getters, push the next queued tasks (per read)
     worker gone  -> retry in-flight tasks (max_retries) or fail them
 
 Leases are kept while tasks of their shape keep coming and handed back after
@@ -222,7 +222,7 @@ class TaskSubmitter:
             nm.send(m.ReturnLease(msg.lease_id))
             return
         try:
-            conn = self.rt.connect_worker(msg.address, self._on_message,
+            conn = self.rt.connect_worker(msg.address, self._on_results,
                                           self._on_worker_closed)
         except Exception as exc:  # the worker died between grant and connect
             log.warning("leased worker at %s unreachable: %s", msg.address, exc)
@@ -279,35 +279,43 @@ class TaskSubmitter:
 
     # -- results (reactor thread) ------------------------------------------------------------
 
-    def _on_message(self, conn: Connection, msg: Any) -> None:
-        if isinstance(msg, m.TaskResult):
-            self.on_result(conn.context, msg)
-
-    def on_result(self, worker: LeasedWorker, msg: m.TaskResult) -> None:
+    def _on_results(self, conn: Connection, msgs: list[Any]) -> None:
+        """The results of one read from a leased worker: the queue is pumped once."""
         rt = self.rt
+        worker: LeasedWorker = conn.context
+        done: list[tuple[TaskRecord, m.TaskResult]] = []
+        matched = 0
         with rt.lock:
-            record = worker.inflight.pop(msg.task_id, None)
-            if record is None:
-                return
-            worker.solo -= record.solo
             queue = self.queues[worker.key]
-            if not msg.cancelled:  # a cancelled run's length says nothing of the function's
-                queue.run_times.record(record.spec.function_id, msg.end_ts - msg.start_ts)
-            retry = (bool(record.retry_exceptions) and not record.cancelled
-                     and rt.owner.should_retry_exception(record, msg))
-            if retry:
-                record.spec.attempt += 1
-                queue.tasks.appendleft(record)
+            inflight = worker.inflight
+            run_times = queue.run_times
+            for msg in msgs:
+                record = (inflight.pop(msg.task_id, None) if isinstance(msg, m.TaskResult)
+                          else None)
+                if record is None:
+                    continue
+                matched += 1
+                worker.solo -= record.solo
+                if not msg.cancelled:  # a cancelled run's length says nothing of the function's
+                    run_times.record(record.spec.function_id, msg.end_ts - msg.start_ts)
+                if (record.retry_exceptions and not record.cancelled
+                        and rt.owner.should_retry_exception(record, msg)):
+                    record.spec.attempt += 1
+                    queue.tasks.appendleft(record)
+                else:
+                    done.append((record, msg))
+            if not matched:
+                return
             spread = queue.strategy == SPREAD
             if spread:  # one task per lease, so that each is placed on its own
                 queue.workers.remove(worker)
             self._pump(worker.key, queue)
-            if not spread and not worker.inflight and not queue.tasks:
+            if not spread and not inflight and not queue.tasks:
                 self._arm_idle(worker)
         if spread:
             self._retire(worker)
-        if not retry:
-            rt.owner.complete_task(record, msg)
+        if done:
+            rt.owner.complete_tasks(done)
 
     def _arm_idle(self, worker: LeasedWorker) -> None:
         worker.idle_since = time.monotonic()

@@ -48,6 +48,7 @@ from rtml.rpc.framing import FrameDecoder, frame
 log = logging.getLogger(__name__)
 
 Handler = Callable[["Connection", Any], None]
+"""Called with each message; with a list of the messages of one read if ``batched``."""
 CloseHandler = Callable[["Connection", str], None]
 _RECV_SIZE = 1 << 18
 _READ = select.EPOLLIN
@@ -99,7 +100,8 @@ class Connection:
     """A framed, authenticated connection driven by a :class:`Reactor`."""
 
     def __init__(self, reactor: Reactor, sock: socket.socket, handler: Handler,
-                 on_close: CloseHandler | None = None, name: str = "") -> None:
+                 on_close: CloseHandler | None = None, name: str = "",
+                 batched: bool = False) -> None:
         sock.setblocking(False)
         self.reactor = reactor
         self.sock = sock
@@ -107,6 +109,7 @@ class Connection:
         self.handler = handler
         self.on_close = on_close
         self.name = name
+        self.batched = batched  # the handler takes the messages of a read as one list
         self.closed = False
         self.context: Any = None
         self._decoder = FrameDecoder()
@@ -216,6 +219,17 @@ class Connection:
         except ProtocolError as exc:
             self._refuse(exc)
             return
+        if self.batched:  # the handler takes the read's messages at once
+            msgs = []
+            for payload in frames:
+                try:
+                    msgs.append(m.decode(payload))
+                except (msgspec.DecodeError, ValueError) as exc:
+                    self._handle(msgs)  # those before the bad frame
+                    self._refuse(exc)
+                    return
+            self._handle(msgs)
+            return
         for payload in frames:
             if self.closed:
                 return
@@ -228,6 +242,13 @@ class Connection:
                 self.handler(self, msg)
             except Exception:  # a bug in one handler must not cost the connection
                 log.exception("%s: handling %s failed", self.name, type(msg).__name__)
+
+    def _handle(self, msgs: list[Any]) -> None:
+        if msgs and not self.closed:
+            try:
+                self.handler(self, msgs)
+            except Exception:  # a bug in the handler must not cost the connection
+                log.exception("%s: handling %d messages failed", self.name, len(msgs))
 
     def _refuse(self, exc: Exception) -> None:
         log.warning("closing %s: bad frame: %s", self.name, exc)
@@ -626,8 +647,8 @@ def _never() -> bool:
 
 
 def open_connection(reactor: Reactor, address: str, hello: m.Hello, handler: Handler,
-                    on_close: CloseHandler | None = None,
-                    timeout: float = 10.0) -> tuple[Connection, m.HelloReply]:
+                    on_close: CloseHandler | None = None, timeout: float = 10.0,
+                    batched: bool = False) -> tuple[Connection, m.HelloReply]:
     """Connect, authenticate and register a connection. Raises RtmlSystemError."""
     try:
         sock = connect_socket(address, timeout)
@@ -638,7 +659,7 @@ def open_connection(reactor: Reactor, address: str, hello: m.Hello, handler: Han
     except (OSError, ProtocolError) as exc:
         sock.close()
         raise RtmlSystemError(f"handshake with {address} failed: {exc}") from exc
-    conn = Connection(reactor, sock, handler, on_close, name=address)
+    conn = Connection(reactor, sock, handler, on_close, name=address, batched=batched)
     reactor.add(conn)
     return conn, reply
 
