@@ -393,6 +393,7 @@ def get_runtime_context() -> context.RuntimeContext:
 def timeline(filename: str | None = None) -> list[dict[str, Any]]:
     """Chrome-trace events of this job's finished tasks (also written to ``filename``)."""
     rt = context.require_runtime()
+    rt.owner.settle()
     rt.writer.flush()
     events = []
     for task in rt.plane.list_tasks({"job_id": rt.job_id.hex()}):

@@ -5,9 +5,10 @@
         all args ready     -> submitter.enqueue (task) | ActorCaller.call (actor method)
     TaskResults of one read (submitter / ActorCaller) --> complete_tasks
         returns -> memory store (inline) or IN_STORE (shared memory) -> wake getters
-        -> _finish: status FINISHED / FAILED, free returns nobody references
+        -> done; once the I/O loop is idle, settle: status FINISHED / FAILED, free
+           returns nobody references
     cancel / lease failed / worker or actor lost / node manager gone / failed argument
-        --> fail_task: every return set to the error -> _finish -> wake getters
+        --> fail_task: every return set to the error -> done, settled -> wake getters
 
 A task's final status is written after its PENDING record, and its getters are
 woken before any bookkeeping.
@@ -16,6 +17,7 @@ woken before any bookkeeping.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +33,9 @@ if TYPE_CHECKING:
     from rtml.core.object_ref import ObjectRef
     from rtml.core.runtime import ClientRuntime
 
+_Outcome = tuple[TaskRecord, "m.TaskResult | dict[str, Any]"]
+"""A done task, with its result or (if it failed here) its outcome record."""
+
 
 class TaskOwner:
     """Tasks and actor calls this process submitted, from submission to their results."""
@@ -39,6 +44,7 @@ class TaskOwner:
         self.rt = runtime
         self.actor_callers: dict[bytes, Any] = {}
         self.handles = HandleCounts(runtime)
+        self._unsettled: deque[list[_Outcome]] = deque()  # done, bookkeeping not yet run
 
     def submit(self, record: TaskRecord, pending: list[tuple[int, ObjectRef]],
                error: m.Payload | None = None) -> None:
@@ -124,10 +130,11 @@ class TaskOwner:
         return isinstance(cause, tuple(record.retry_exceptions))
 
     def complete_tasks(self, done: list[tuple[TaskRecord, m.TaskResult]]) -> None:
-        """Store the returns of finished tasks, wake their getters, record their status."""
+        """Store the returns of finished tasks and wake their getters (on the thread leading
+        the I/O loop); the rest of their bookkeeping waits until the loop is idle."""
         here = self.rt.node_id
         entries: list[tuple[bytes, Entry]] = []
-        finished: list[tuple[TaskRecord, dict[str, Any]]] = []
+        finished: list[_Outcome] = []
         for record, msg in done:
             if record.cancelled:
                 self.fail_task(record, TaskCancelledError(
@@ -137,14 +144,31 @@ class TaskOwner:
                 self._hold_remote_results(msg)
             for ret in msg.returns:
                 entries.append((ret.object_id, ret.value if ret.value is not None else IN_STORE))
-            finished.append((record, {
-                "task_id": record.spec.task_id, "attempt": record.spec.attempt,
-                "status": "FAILED" if msg.returns and msg.returns[0].is_error else "FINISHED",
-                "start_ts": msg.start_ts, "end_ts": msg.end_ts, "worker_pid": msg.worker_pid,
-                "node_id": msg.node_id}))
+            finished.append((record, msg))
         for callback, object_id in self.rt.set_entries(entries):
             callback(object_id)  # wake getters first; bookkeeping can wait
-        self._finish(finished)
+        unsettled = self._mark_done(finished)
+        if unsettled:
+            self._unsettled.append(unsettled)
+            self.rt.reactor.call_idle(self.settle)
+
+    def settle(self) -> None:
+        """Finish the bookkeeping of the tasks completed so far: forget their records and
+        argument refs, free returns nobody references, write their outcome (lineage).
+
+        Run when the I/O loop is about to wait (in a loop of ``get`` calls: while the
+        next task runs, not between a result and its getter), and before lineage is
+        read or the runtime closes.
+        """
+        pending = self._unsettled
+        finished: list[_Outcome] = []
+        while pending:
+            try:
+                finished += pending.popleft()
+            except IndexError:  # another thread took the last batch
+                break
+        if finished:
+            self._settle(finished)
 
     def _hold_remote_results(self, msg: m.TaskResult) -> None:
         """Results stored on another node: our node manager holds them there for us."""
@@ -161,27 +185,33 @@ class TaskOwner:
             assert error is not None, "fail_task needs an error or a stored error payload"
             payload = serialize(StoredError(error)).to_payload(is_error=True)
         callbacks = self.rt.set_entries([(object_id, payload) for object_id in record.return_ids])
-        self._finish([(record, {"task_id": record.spec.task_id, "attempt": record.spec.attempt,
-                                "status": "FAILED",
-                                "error": repr(error) if error else "dependency failed"})])
+        self._settle(self._mark_done([(record, {
+            "task_id": record.spec.task_id, "attempt": record.spec.attempt, "status": "FAILED",
+            "error": repr(error) if error else "dependency failed"})]))
         for callback, object_id in callbacks:
             callback(object_id)
 
-    def _finish(self, finished: list[tuple[TaskRecord, dict[str, Any]]]) -> None:
-        """Forget finished tasks; each with its outcome record (lineage)."""
+    def _mark_done(self, finished: list[_Outcome]) -> list[_Outcome]:
+        """Mark tasks done (once: a result and a failure may race); those newly done."""
+        with self.rt.lock:
+            finished = [(record, outcome) for record, outcome in finished if not record.done]
+            for record, _ in finished:
+                record.done = True
+        return finished
+
+    def _settle(self, finished: list[_Outcome]) -> None:
+        """Forget done tasks; each with its result, or its outcome record (lineage)."""
         rt = self.rt
         records = rt.submitter.records
         with rt.lock:
-            finished = [(record, lineage) for record, lineage in finished if not record.done]
             for record, _ in finished:
-                record.done = True
                 records.pop(record.spec.task_id, None)
                 record.keep_alive.clear()
         submit = rt.writer.submit_task
-        for record, lineage in finished:
+        for record, outcome in finished:
             if record.has_contained:
                 rt.nm.send(m.ReleaseHolder(record.spec.task_id))  # releases remote holds too
-            submit(lineage)
+            submit(outcome if isinstance(outcome, dict) else _lineage(record, outcome))
         refs = rt.refs
         if refs.refops:
             refs.process_refops()
@@ -230,6 +260,14 @@ class TaskOwner:
     def make_system_error(self, reason: str, name: str) -> RtmlSystemError:
         """The error for a task that could not be scheduled (its lease failed)."""
         return RtmlSystemError(f"task {name!r} could not be scheduled: {reason}")
+
+
+def _lineage(record: TaskRecord, msg: m.TaskResult) -> dict[str, Any]:
+    """The outcome record of a task that ran."""
+    return {"task_id": record.spec.task_id, "attempt": record.spec.attempt,
+            "status": "FAILED" if msg.returns and msg.returns[0].is_error else "FINISHED",
+            "start_ts": msg.start_ts, "end_ts": msg.end_ts, "worker_pid": msg.worker_pid,
+            "node_id": msg.node_id}
 
 
 def _error_of(ret: m.ReturnObject) -> BaseException | None:

@@ -134,6 +134,8 @@ class ClientRuntime:
         if self.closed:
             return
         self.closed = True
+        if hasattr(self, "writer"):
+            self.owner.settle()  # the outcome records of the last results
         object_ref.set_counter(None)
         for caller in list(self.owner.actor_callers.values()):
             caller.shutdown()

@@ -333,6 +333,7 @@ class Reactor:
         self._wake_w.setblocking(False)
         self._watch(self._wake_r.fileno(), _READ, None)
         self._calls: deque[tuple[Callable[..., Any], tuple[Any, ...]]] = deque()
+        self._idle: deque[Callable[[], Any]] = deque()  # run before the loop next waits
         self._timers: list[tuple[float, int, Callable[[], Any]]] = []
         self._seq = itertools.count()
         self._running = False
@@ -507,6 +508,12 @@ class Reactor:
         elif leader != threading.get_ident():
             self._wake()
 
+    def call_idle(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn()`` on the leading thread before it next waits for I/O: for work that
+        need not delay what this iteration wakes (it then overlaps the peer's work, e.g.
+        a get's bookkeeping with the next task's run). From the leading thread only."""
+        self._idle.append(fn)
+
     def call_later(self, delay: float, fn: Callable[[], Any]) -> None:
         """Run ``fn()`` on the reactor thread after ``delay`` seconds."""
         self.call_soon(self._add_timer, time.monotonic() + delay, fn)
@@ -595,6 +602,10 @@ class Reactor:
         elif self._timers:
             due = max(0.0, self._timers[0][0] - time.monotonic())
             timeout = due if timeout is None else min(timeout, due)
+        if self._idle and timeout != 0:
+            self._run_idle()
+            if self._calls:
+                timeout = 0
         watched = self._watched
         for fd, events in self._epoll.poll(timeout):
             conn = watched.get(fd)
@@ -629,6 +640,11 @@ class Reactor:
         for _ in range(len(calls)):
             fn, args = calls.popleft()
             self._guard(fn, *args)
+
+    def _run_idle(self) -> None:
+        idle = self._idle
+        for _ in range(len(idle)):
+            self._guard(idle.popleft())
 
     def _run_timers(self, now: float) -> None:
         while self._timers and self._timers[0][0] <= now:
