@@ -71,6 +71,7 @@ class Executor:
         self._running_calls: set[asyncio.Task[None]] = set()  # the loop keeps only weak refs
         self.semaphore: asyncio.Semaphore | None = None
         self.visible_gpus: list[int] | None = None  # as last set; None: not set yet
+        self.pid = os.getpid()  # for every result: getpid is a syscall each time
         signal.signal(signal.SIGUSR1, self._on_cancel_signal)
 
     # -- dispatch ----------------------------------------------------------------------------
@@ -195,7 +196,6 @@ class Executor:
         return value
 
     def _returns(self, spec: m.TaskSpec, value: Any) -> list[m.ReturnObject]:
-        ids = return_ids(spec)
         if spec.num_returns == 0:
             return []
         if spec.num_returns == 1:
@@ -211,7 +211,8 @@ class Executor:
             sers = [serialize(v) for v in values]
         except TypeError as exc:
             raise TypeError(f"the return value of {spec.name!r} cannot be pickled: {exc}") from None
-        return [self._store_return(spec, oid, ser) for oid, ser in zip(ids, sers, strict=True)]
+        return [self._store_return(spec, oid, ser)
+                for oid, ser in zip(return_ids(spec), sers, strict=True)]
 
     def _store_return(self, spec: m.TaskSpec, object_id: bytes, ser: Any) -> m.ReturnObject:
         if ser.contained:
@@ -245,8 +246,7 @@ class Executor:
 
     def _result(self, spec: m.TaskSpec, returns: list[m.ReturnObject],
                 start: float) -> m.TaskResult:
-        return m.TaskResult(spec.task_id, returns, start, time.time(), os.getpid(),
-                            self.rt.node_id)
+        return m.TaskResult(spec.task_id, returns, start, time.time(), self.pid, self.rt.node_id)
 
     def _cancelled(self, spec: m.TaskSpec, start: float) -> m.TaskResult:
         error = TaskCancelledError(f"task {spec.name!r} was cancelled")

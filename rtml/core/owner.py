@@ -58,13 +58,8 @@ class TaskOwner:
         if rt.nm.closed:
             raise RtmlSystemError(f"the node manager at {rt.config.nm_address} is gone; "
                                   f"call rtml.shutdown() and rtml.init() again")
-        # Reference changes queued meanwhile are applied when a result comes in (_finish),
-        # before it frees unreferenced returns, and by get/wait: not once per submission.
-        # Recorded before the task can finish, so its final status is written last.
-        rt.writer.submit_task({"task_id": spec.task_id, "name": spec.name,
-                               "job_id": spec.job_id, "owner_id": rt.client_id,
-                               "function_id": spec.function_id, "status": "PENDING",
-                               "submit_ts": time.time(), "attempt": 0})
+        # Reference changes queued meanwhile are applied when finished tasks are settled,
+        # before unreferenced returns are freed, and by get/wait: not once per submission.
         with rt.lock:
             rt.submitter.records[spec.task_id] = record
             record.deps = len(pending)
@@ -83,6 +78,12 @@ class TaskOwner:
         for ready, object_id in arrived:
             ready(object_id)
         rt.flush_sends()
+        # Recorded once the task is on its way (off the path to the worker). Its final
+        # status may then be written first: reading merges keep a final status.
+        rt.writer.submit_task({"task_id": spec.task_id, "name": spec.name,
+                               "job_id": spec.job_id, "owner_id": rt.client_id,
+                               "function_id": spec.function_id, "status": "PENDING",
+                               "submit_ts": time.time(), "attempt": 0})
         if error is not None:
             self.fail_task(record, payload=error)
 

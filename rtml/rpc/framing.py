@@ -48,6 +48,10 @@ class FrameDecoder:
             frames = [bytes(frame) for frame in frames]  # views would pin buf's size
             del buf[:pos]
             return frames
+        if len(data) > HEADER_SIZE:  # the usual read: exactly one whole frame
+            (size,) = _HEADER.unpack_from(data)
+            if size == len(data) - HEADER_SIZE and size <= self.max_frame:
+                return [memoryview(data)[HEADER_SIZE:]]
         view = memoryview(data)
         frames, pos = self._split(view)
         if pos < len(view):
