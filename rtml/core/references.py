@@ -181,6 +181,7 @@ class ReferenceCounter:
         # add then release) would otherwise drop a hold still needed.
         touched: dict[bytes, bool] = {}
         borrowed = self._borrowed
+        unreferenced: list[bytes] = []
         with self._ref_lock:
             ops = self.refops
             while ops:
@@ -199,7 +200,9 @@ class ReferenceCounter:
                     touched.setdefault(object_id, True)
                     borrowed.discard(object_id)
                 else:
-                    self._free(object_id, releases, holders)
+                    unreferenced.append(object_id)
+            if unreferenced:
+                self._free(unreferenced, releases, holders)
             adds = [oid for oid, held in touched.items() if not held and oid in borrowed]
             releases += [oid for oid, held in touched.items() if held and oid not in borrowed]
             # Sent under the lock: another thread's add and release of the same
@@ -219,9 +222,7 @@ class ReferenceCounter:
         releases: list[bytes] = []
         holders: list[bytes] = []
         with self._ref_lock:
-            for object_id in object_ids:
-                if object_id not in self._counts:
-                    self._free(object_id, releases, holders)
+            self._free([oid for oid in object_ids if oid not in self._counts], releases, holders)
             self._send_releases(releases, holders)
 
     def _send_releases(self, releases: list[bytes], holders: list[bytes]) -> None:
@@ -237,16 +238,18 @@ class ReferenceCounter:
         return (object_id in rt.store.entries
                 or task_of(object_id) in rt.submitter.records)
 
-    def _free(self, object_id: bytes, releases: list[bytes], holders: list[bytes]) -> None:
-        """Drop an owned object nobody references any more."""
+    def _free(self, object_ids: list[bytes], releases: list[bytes], holders: list[bytes]) -> None:
+        """Drop owned objects nobody references any more."""
         rt = self.rt
+        store = rt.store
+        escaped = self.escaped_pending
         with rt.lock:
-            promoted = object_id in rt.store.promoted
-            entry = rt.store.pop(object_id)
-            self.escaped_pending.discard(object_id)
-            contained = object_id in rt.store.has_contained
-            rt.store.has_contained.discard(object_id)
-        if entry is IN_STORE or promoted:
-            releases.append(object_id)
-        elif contained:
-            holders.append(object_id)
+            for object_id in object_ids:
+                promoted = object_id in store.promoted
+                entry = store.pop(object_id)
+                escaped.discard(object_id)
+                if entry is IN_STORE or promoted:
+                    releases.append(object_id)
+                elif object_id in store.has_contained:
+                    holders.append(object_id)
+                store.has_contained.discard(object_id)
