@@ -2,6 +2,7 @@
 
     Cls.remote() --CreateActor--> head service --StartActor--> node manager --> dedicated worker
     handle.m.remote() -> ActorCaller queue --(address from head, once)--> PushTask to the worker
+                         (pipelined calls to a one-at-a-time actor: written in batches)
     connection lost -> in-flight calls retried (max_task_retries) or ActorDiedError;
                        the next call asks the head again (it answers after a restart, or DEAD)
     last handle dropped in its creator (never pickled, unnamed, not detached)
@@ -32,6 +33,11 @@ if TYPE_CHECKING:
     from rtml.core.runtime import ClientRuntime
 
 log = logging.getLogger(__name__)
+
+HOLD_AFTER = 4
+"""Calls of ours in flight on a one-at-a-time actor beyond which new calls are held."""
+HOLD_MAX = 8
+"""Held calls written together by the caller (one syscall, one wake-up of the actor)."""
 
 
 class ActorClass(Exported):
@@ -244,6 +250,8 @@ class ActorCaller:
         self.node_id = b""
         self.keep_alive: list[Any] = []
         self.end_when_idle = False  # its last handle is gone: end it after the last answer
+        self.sequential = False  # runs one call at a time: not threaded, not async
+        self.held = 0  # calls queued on the connection, not yet written (see flush)
 
     def call(self, record: TaskRecord) -> None:
         """Queue a ready call (under the runtime lock) and push what can go."""
@@ -254,6 +262,13 @@ class ActorCaller:
         self.flush()
 
     def flush(self) -> None:
+        """Send the ready calls at the head of the queue (under the runtime lock).
+
+        A one-at-a-time actor with ``HOLD_AFTER`` of our calls in flight cannot start a
+        new one before those end, so new calls are held on the connection and written
+        together: by the ``HOLD_MAX``-th, or as the next result comes in (one is due).
+        Pipelined calls then cost a write (and an actor wake-up) per batch, not per call.
+        """
         queue = self.queue
         if self.conn is None:
             if queue and not self.resolving:
@@ -264,7 +279,14 @@ class ActorCaller:
             record = queue.popleft()
             if record.done:  # failed by a dependency or cancelled while queued
                 continue
-            self.inflight[record.spec.task_id] = record
+            inflight = self.inflight
+            if self.sequential and len(inflight) >= HOLD_AFTER and self.held < HOLD_MAX:
+                inflight[record.spec.task_id] = record
+                self.conn.enqueue(m.PushTask(record.spec))
+                self.held += 1
+                continue
+            self.held = 0
+            inflight[record.spec.task_id] = record
             self.rt.send_ordered(self.conn, m.PushTask(record.spec))
         self._end_if_unused()
 
@@ -305,6 +327,8 @@ class ActorCaller:
             with self.rt.lock:
                 self.resolving = False
                 self.conn, self.address, self.node_id = conn, info.address, info.node_id
+                self.sequential = (info.spec is not None and info.spec.max_concurrency == 1
+                                   and not info.spec.is_async)
                 self.flush()
             return
         with self.rt.lock:
@@ -320,6 +344,9 @@ class ActorCaller:
         done: list[tuple[TaskRecord, m.TaskResult]] = []
         inflight = self.inflight
         with self.rt.lock:
+            if self.held:  # a call ended: write the held ones before the actor runs out
+                self.held = 0
+                conn.flush_now()
             for msg in msgs:
                 record = inflight.pop(msg.task_id, None) if isinstance(msg, m.TaskResult) else None
                 if record is not None:
@@ -333,6 +360,7 @@ class ActorCaller:
         failed: list[TaskRecord] = []
         with self.rt.lock:
             self.conn = None
+            self.held = 0  # lost with the connection; in flight, so retried or failed below
             self.last_address = self.address
             retry = []
             for record in self.inflight.values():

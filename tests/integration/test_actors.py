@@ -6,6 +6,7 @@ import asyncio
 import os
 import time
 import uuid
+from pathlib import Path
 
 import psutil
 import pytest
@@ -232,6 +233,58 @@ def test_kill_fails_in_flight_and_queued_calls() -> None:
         with pytest.raises(ActorDiedError):
             rtml.get(ref, timeout=10)
     assert time.monotonic() - t0 < 5.0
+
+
+@rtml.remote
+class FileLog:
+    """Appends to a file, so a test can see calls run without calling get."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def nap(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def append(self, i: int) -> int:
+        with open(self.path, "a") as f:
+            f.write(f"{i}\n")
+        return i
+
+
+def test_pipelined_calls_held_by_the_caller_still_run_without_a_get(tmp_path: Path) -> None:
+    # With calls in flight on a one-at-a-time actor, new ones are held and written in
+    # batches, the last batch when a result comes in: never waiting for a get.
+    path = tmp_path / "log.txt"
+    log = FileLog.remote(str(path))
+    rtml.get(log.append.remote(-1), timeout=60)
+    refs = [log.nap.remote(0.3)] + [log.append.remote(i) for i in range(20)]
+    deadline = time.monotonic() + 20
+    while path.read_text().split() != [str(i) for i in range(-1, 20)]:
+        assert time.monotonic() < deadline, path.read_text()
+        time.sleep(0.05)
+    assert rtml.get(refs[1:], timeout=10) == list(range(20))
+
+
+def test_held_calls_fail_when_the_actor_is_killed() -> None:
+    s = Sleeper.remote()
+    assert rtml.get(s.ping.remote(), timeout=60) == "pong"
+    refs = [s.nap.remote(30)] + [s.ping.remote() for _ in range(12)]  # most of them held
+    time.sleep(0.3)
+    rtml.kill(s)
+    for ref in refs:
+        with pytest.raises(ActorDiedError):
+            rtml.get(ref, timeout=10)
+
+
+def test_held_calls_are_retried_in_order_after_a_restart() -> None:
+    c = Counter.options(max_restarts=1, max_task_retries=-1).remote()
+    first_pid = rtml.get(c.pid.remote(), timeout=60)
+    refs = [c.incr.remote() for _ in range(40)]  # in flight and held when it dies
+    rtml.kill(c, no_restart=False)
+    values = rtml.get(refs, timeout=60)
+    # Those answered before the kill count from 1, the rest (retried, in order) from 1 again.
+    assert any(values == list(range(1, k + 1)) + list(range(1, 41 - k)) for k in range(41)), values
+    assert rtml.get(c.pid.remote(), timeout=30) != first_pid
 
 
 def test_kill_named_actor_removes_the_name() -> None:
