@@ -35,9 +35,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 HOLD_AFTER = 4
-"""Calls of ours in flight on a one-at-a-time actor beyond which new calls are held."""
+"""Our unfinished calls on a one-at-a-time actor from which new calls are held."""
 HOLD_MAX = 8
-"""Held calls written together by the caller (one syscall, one wake-up of the actor)."""
+"""Held calls written together (one write and one wake-up of the actor per batch)."""
+
 
 
 class ActorClass(Exported):
@@ -251,7 +252,7 @@ class ActorCaller:
         self.keep_alive: list[Any] = []
         self.end_when_idle = False  # its last handle is gone: end it after the last answer
         self.sequential = False  # runs one call at a time: not threaded, not async
-        self.held = 0  # calls queued on the connection, not yet written (see flush)
+        self.held: list[m.PushTask] = []  # calls in flight but not yet written (see flush)
 
     def call(self, record: TaskRecord) -> None:
         """Queue a ready call (under the runtime lock) and push what can go."""
@@ -264,10 +265,11 @@ class ActorCaller:
     def flush(self) -> None:
         """Send the ready calls at the head of the queue (under the runtime lock).
 
-        A one-at-a-time actor with ``HOLD_AFTER`` of our calls in flight cannot start a
-        new one before those end, so new calls are held on the connection and written
-        together: by the ``HOLD_MAX``-th, or as the next result comes in (one is due).
-        Pipelined calls then cost a write (and an actor wake-up) per batch, not per call.
+        A one-at-a-time actor with ``HOLD_AFTER`` of our calls unfinished cannot start a
+        new one before those end, so new calls are held here and written together: with
+        the call after the ``HOLD_MAX``-th held, or when the next results come in (some
+        are due). Pipelined calls then cost a write (and an actor wake-up) per batch,
+        not per call.
         """
         queue = self.queue
         if self.conn is None:
@@ -280,15 +282,22 @@ class ActorCaller:
             if record.done:  # failed by a dependency or cancelled while queued
                 continue
             inflight = self.inflight
-            if self.sequential and len(inflight) >= HOLD_AFTER and self.held < HOLD_MAX:
-                inflight[record.spec.task_id] = record
-                self.conn.enqueue(m.PushTask(record.spec))
-                self.held += 1
-                continue
-            self.held = 0
             inflight[record.spec.task_id] = record
-            self.rt.send_ordered(self.conn, m.PushTask(record.spec))
+            msg = m.PushTask(record.spec)
+            if (self.sequential and len(inflight) > HOLD_AFTER
+                    and len(self.held) < HOLD_MAX):
+                self.held.append(msg)
+                continue
+            self._send_held()
+            self.rt.send_ordered(self.conn, msg)
         self._end_if_unused()
+
+    def _send_held(self) -> None:
+        """Write the held calls, in order (under the runtime lock)."""
+        if self.held and self.conn is not None:
+            held, self.held = self.held, []
+            for msg in held:
+                self.rt.send_ordered(self.conn, msg)
 
     def _end_if_unused(self) -> None:
         """Its last handle is gone and no call of ours is left on it: end it (every way a
@@ -344,13 +353,11 @@ class ActorCaller:
         done: list[tuple[TaskRecord, m.TaskResult]] = []
         inflight = self.inflight
         with self.rt.lock:
-            if self.held:  # a call ended: write the held ones before the actor runs out
-                self.held = 0
-                conn.flush_now()
             for msg in msgs:
                 record = inflight.pop(msg.task_id, None) if isinstance(msg, m.TaskResult) else None
                 if record is not None:
                     done.append((record, msg))
+            self._send_held()  # calls ended: the held ones can start
         if done:
             self.rt.owner.complete_tasks(done)
         with self.rt.lock:
@@ -360,7 +367,7 @@ class ActorCaller:
         failed: list[TaskRecord] = []
         with self.rt.lock:
             self.conn = None
-            self.held = 0  # lost with the connection; in flight, so retried or failed below
+            self.held.clear()  # in flight, so retried or failed below
             self.last_address = self.address
             retry = []
             for record in self.inflight.values():
