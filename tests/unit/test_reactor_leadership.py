@@ -233,3 +233,24 @@ def test_a_failing_expecting_hook_still_hands_the_loop_back(
     done = peer.expect(24)
     peer.send(24)
     assert done.wait(WAIT_S)
+
+
+def test_idle_work_runs_after_the_waiter_is_woken_and_before_the_loop_waits(peer: Peer) -> None:
+    # A handler defers work with call_idle: the waiter it wakes returns without running
+    # it, and the loop runs it before it next blocks, even with no further message.
+    ran_on: list[int] = []
+    ran = threading.Event()
+
+    def deferred() -> None:
+        ran_on.append(threading.get_ident())
+        ran.set()
+
+    def hook(req_id: int) -> None:
+        peer.reactor.call_idle(deferred)
+
+    peer.hook = hook
+    done = peer.expect(3)
+    threading.Timer(0.05, peer.send, (3,)).start()
+    assert peer.reactor.wait_serving(done, WAIT_S)
+    assert ran.wait(WAIT_S)
+    assert ran_on == [background_id(peer)]  # not the waiter: it returned first

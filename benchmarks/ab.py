@@ -1,0 +1,115 @@
+"""Paired A/B of two rtml source trees, resistant to this machine's drifting speed.
+
+    python benchmarks/ab.py OLD_TREE NEW_TREE [--rounds 16] [--rows "actor sync 400,..."]
+
+Each tree runs in its own driver process with its own embedded cluster, both started
+once; the parent then asks them in turn (A B, B A, ...) for one short measurement of a
+row, so each pair of answers is taken seconds apart. It prints, per row, the median of
+each side and the median of the per-round ratios new/old, with how many rounds the new
+tree won. A tree is a checkout of the repository (``git worktree add``), whose ``rtml``
+package is put first on ``PYTHONPATH`` (compile it first: ``python -m compileall``).
+
+Rows: ``task|actor sync N`` (median us of N calls, one at a time) and
+``task|actor burst N`` (calls per second, N submitted 1,000 at a time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROWS = "task sync 400,actor sync 400,task burst 5000,actor burst 3000"
+
+
+def serve() -> None:
+    """The child: answer one measurement per line read from stdin."""
+    import rtml
+
+    rtml.init(num_cpus=2)
+
+    @rtml.remote
+    def noop() -> None:
+        return None
+
+    @rtml.remote
+    class Actor:
+        def noop(self) -> None:
+            return None
+
+    actor = Actor.remote()
+    rtml.get([noop.remote() for _ in range(2000)])
+    rtml.get([actor.noop.remote() for _ in range(2000)])
+    submit = {"task": noop.remote, "actor": actor.noop.remote}
+    print("ready", flush=True)
+    for line in sys.stdin:
+        kind, mode, count = line.split()
+        sub, n = submit[kind], int(count)
+        if mode == "sync":
+            times = []
+            for _ in range(n):
+                start = time.perf_counter_ns()
+                rtml.get(sub())
+                times.append(time.perf_counter_ns() - start)
+            print(statistics.median(times) / 1e3, flush=True)
+        else:
+            start = time.perf_counter()
+            for _ in range(n // 1000):
+                rtml.get([sub() for _ in range(1000)])
+            print(n / (time.perf_counter() - start), flush=True)
+    rtml.shutdown()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("old", help="source tree A (the baseline)")
+    parser.add_argument("new", help="source tree B")
+    parser.add_argument("--rounds", type=int, default=16)
+    parser.add_argument("--rows", default=ROWS, help=f"comma-separated (default: {ROWS})")
+    args = parser.parse_args()
+    children = {}
+    for side in ("old", "new"):
+        env = dict(os.environ, PYTHONPATH=os.path.abspath(getattr(args, side)))
+        child = subprocess.Popen([sys.executable, __file__, "--serve"], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True, env=env)
+        assert child.stdin is not None and child.stdout is not None
+        if child.stdout.readline().strip() != "ready":
+            raise SystemExit(f"the {side} tree's driver did not start")
+        children[side] = child
+
+    def ask(side: str, row: str) -> float:
+        child = children[side]
+        assert child.stdin is not None and child.stdout is not None
+        child.stdin.write(row + "\n")
+        child.stdin.flush()
+        return float(child.stdout.readline())
+
+    print(f"A/B {args.old} -> {args.new}, {args.rounds} rounds, load {os.getloadavg()[0]:.2f}")
+    for row in args.rows.split(","):
+        got: dict[str, list[float]] = {"old": [], "new": []}
+        for r in range(args.rounds):
+            for side in (("old", "new") if r % 2 == 0 else ("new", "old")):
+                got[side].append(ask(side, row))
+        ratios = [n / o for n, o in zip(got["new"], got["old"], strict=True)]
+        latency = " sync " in f" {row} "
+        wins = sum((x < 1) if latency else (x > 1) for x in ratios)
+        unit = "us" if latency else "/s"
+        print(f"{row:18s} old {statistics.median(got['old']):9.1f} {unit}  "
+              f"new {statistics.median(got['new']):9.1f} {unit}  "
+              f"new/old {statistics.median(ratios):.3f}  (new better in {wins}/{args.rounds})",
+              flush=True)
+    for child in children.values():
+        assert child.stdin is not None
+        child.stdin.close()
+        child.wait()
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--serve"]:
+        serve()
+        sys.exit(0)
+    sys.exit(main())
