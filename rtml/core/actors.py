@@ -40,7 +40,6 @@ HOLD_MAX = 8
 """Held calls written together (one write and one wake-up of the actor per batch)."""
 
 
-
 class ActorClass(Exported):
     """A class whose instances live in their own worker processes."""
 

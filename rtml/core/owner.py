@@ -10,8 +10,9 @@
     cancel / lease failed / worker or actor lost / node manager gone / failed argument
         --> fail_task: every return set to the error -> done, settled -> wake getters
 
-A task's final status is written after its PENDING record, and its getters are
-woken before any bookkeeping.
+A task's getters are woken before any bookkeeping. Its PENDING record is written once
+it is pushed, so its final status may be written first: reading lineage keeps a final
+status over a PENDING one.
 """
 
 from __future__ import annotations

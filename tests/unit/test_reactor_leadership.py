@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -254,3 +255,35 @@ def test_idle_work_runs_after_the_waiter_is_woken_and_before_the_loop_waits(peer
     assert peer.reactor.wait_serving(done, WAIT_S)
     assert ran.wait(WAIT_S)
     assert ran_on == [background_id(peer)]  # not the waiter: it returned first
+
+
+def test_a_batched_connection_hands_over_each_read_as_one_list() -> None:
+    reactor = Reactor("test-batched")
+    ours, theirs = socket.socketpair()
+    batches: list[list[int]] = []
+    closed: list[str] = []
+    got = threading.Event()
+
+    def on_batch(conn: Connection, msgs: list[Any]) -> None:
+        batches.append([msg.req_id for msg in msgs])
+        got.set()
+
+    reactor.start()
+    try:
+        reactor.add(Connection(reactor, ours, on_batch, lambda c, why: closed.append(why),
+                               name="batched", batched=True))
+        theirs.sendall(b"".join(frame(m.encode(m.StoreStats(i))) for i in (1, 2, 3)))
+        assert got.wait(WAIT_S)
+        got.clear()
+        # A bad frame: the messages before it are handled, then the connection closes.
+        theirs.sendall(frame(m.encode(m.StoreStats(4))) + frame(b"\xc1 not msgpack"))
+        assert got.wait(WAIT_S)
+        deadline = time.monotonic() + WAIT_S
+        while not closed and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        reactor.stop()
+        reactor.close()
+        theirs.close()
+    assert batches == [[1, 2, 3], [4]]
+    assert closed and "bad frame" in closed[0]
