@@ -26,9 +26,11 @@ import itertools
 import logging
 import os
 import threading
-from typing import Any
+from typing import Any, TypeVar
 
-from rtml.control_plane.tables import ControlPlane
+from rtml.control_plane.tables import ControlPlane, TaskRecordData
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +47,7 @@ class BatchedWriter:
         self._plane = plane
         self._interval = interval
         self._max_batch = max_batch
-        self._tasks: collections.deque[dict[str, Any]] = collections.deque()
+        self._tasks: collections.deque[TaskRecordData] = collections.deque()
         self._events: collections.deque[dict[str, Any]] = collections.deque()
         self._flush_lock = threading.Lock()
         self._batch_prefix = os.urandom(8)  # then a sequence number: batches sort in order
@@ -56,8 +58,9 @@ class BatchedWriter:
                                         daemon=True)
         self._thread.start()
 
-    def submit_task(self, record: dict[str, Any]) -> None:
-        """Queue a task record (must hold ``task_id``); never blocks, never raises."""
+    def submit_task(self, record: TaskRecordData) -> None:
+        """Queue a task record (with a ``task_id``; a dict, or a compact tuple: see
+        ``ControlPlane.write_task_records``); never blocks, never raises."""
         self._tasks.append(record)
 
     def submit_event(self, event: dict[str, Any]) -> None:
@@ -93,7 +96,7 @@ class BatchedWriter:
             except Exception:  # the thread must outlive any bug in one flush
                 logger.exception("batched control-plane flush failed; continuing")
 
-    def _write_tasks(self, records: list[dict[str, Any]]) -> None:
+    def _write_tasks(self, records: list[TaskRecordData]) -> None:
         if not records:
             return
         batch_id = self._batch_prefix + next(self._batch_seq).to_bytes(8, "big")
@@ -112,9 +115,9 @@ class BatchedWriter:
             logger.exception("dropped %d events: control-plane write failed", len(events))
 
 
-def _drain(queue: collections.deque[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
+def _drain(queue: collections.deque[T], limit: int) -> list[T]:
     """Pop up to ``limit`` items from the left of ``queue``."""
-    out = []
+    out: list[T] = []
     popleft = queue.popleft
     try:
         for _ in range(limit):

@@ -22,6 +22,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from rtml.control_plane.tables import RAN, SUBMITTED
 from rtml.core.actors import ActorCaller, HandleCounts
 from rtml.core.memory_store import IN_STORE, Entry, StoredError
 from rtml.core.serialization import from_payload, serialize
@@ -81,10 +82,8 @@ class TaskOwner:
         rt.flush_sends()
         # Recorded once the task is on its way (off the path to the worker). Its final
         # status may then be written first: reading merges keep a final status.
-        rt.writer.submit_task({"task_id": spec.task_id, "name": spec.name,
-                               "job_id": spec.job_id, "owner_id": rt.client_id,
-                               "function_id": spec.function_id, "status": "PENDING",
-                               "submit_ts": time.time(), "attempt": 0})
+        rt.writer.submit_task((SUBMITTED, spec.task_id, spec.name, spec.job_id, rt.client_id,
+                               spec.function_id, time.time()))
         if error is not None:
             self.fail_task(record, payload=error)
 
@@ -264,12 +263,11 @@ class TaskOwner:
         return RtmlSystemError(f"task {name!r} could not be scheduled: {reason}")
 
 
-def _lineage(record: TaskRecord, msg: m.TaskResult) -> dict[str, Any]:
-    """The outcome record of a task that ran."""
-    return {"task_id": record.spec.task_id, "attempt": record.spec.attempt,
-            "status": "FAILED" if msg.returns and msg.returns[0].is_error else "FINISHED",
-            "start_ts": msg.start_ts, "end_ts": msg.end_ts, "worker_pid": msg.worker_pid,
-            "node_id": msg.node_id}
+def _lineage(record: TaskRecord, msg: m.TaskResult) -> tuple[Any, ...]:
+    """The outcome record of a task that ran (compact: see ``write_task_records``)."""
+    return (RAN, record.spec.task_id, record.spec.attempt,
+            "FAILED" if msg.returns and msg.returns[0].is_error else "FINISHED",
+            msg.start_ts, msg.end_ts, msg.worker_pid, msg.node_id)
 
 
 def _error_of(ret: m.ReturnObject) -> BaseException | None:

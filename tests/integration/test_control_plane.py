@@ -15,6 +15,7 @@ import pytest
 
 from rtml.control_plane import BatchedWriter, ControlPlane, RedisProcess, start_redis
 from rtml.control_plane.resp import AuthError, RespClient
+from rtml.control_plane.tables import RAN, SUBMITTED
 from rtml.exceptions import RtmlSystemError
 
 
@@ -162,6 +163,22 @@ def test_a_record_without_a_task_id_does_not_break_the_listing(plane: ControlPla
     task = b"\x15" * 16
     plane.write_task_records([{"status": "FINISHED"}, {"task_id": task, "status": "PENDING"}])
     assert [t["status"] for t in plane.list_tasks() if t["task_id"] == task.hex()] == ["PENDING"]
+
+
+def test_compact_task_records_expand_and_merge_with_dicts(plane: ControlPlane) -> None:
+    # The two records an owner writes per task are tuples; the ran one may sort first.
+    task, owner, node = b"\x16" * 16, b"\x05" * 16, b"\x06" * 16
+    job = b"\x00\x00\x00\x09"
+    plane.write_task_records([(RAN, task, 0, "FINISHED", 2.0, 3.0, 4242, node)], b"\x00" * 16)
+    plane.write_task_records([(SUBMITTED, task, "f", job, owner, b"\xaa" * 20, 1.0),
+                              [SUBMITTED, b"short"], (9, task)], b"\x01" * 16)
+    [found] = [t for t in plane.list_tasks() if t["task_id"] == task.hex()]
+    assert found == {"task_id": task.hex(), "name": "f", "job_id": job.hex(),
+                     "owner_id": owner.hex(), "function_id": (b"\xaa" * 20).hex(),
+                     "submit_ts": 1.0, "status": "FINISHED", "attempt": 0,
+                     "start_ts": 2.0, "end_ts": 3.0, "worker_pid": 4242,
+                     "node_id": node.hex()}
+    assert len(plane.list_tasks({"job_id": job.hex()})) == 1  # the malformed ones skipped
 
 
 def test_objects_round_trip(plane: ControlPlane) -> None:
