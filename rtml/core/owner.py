@@ -216,10 +216,7 @@ class TaskOwner:
         refs = rt.refs
         if refs.refops:
             refs.process_refops()
-        if len(finished) == 1:
-            refs.free_unreferenced(finished[0][0].return_ids)
-        elif finished:
-            refs.free_unreferenced([oid for record, _ in finished for oid in record.return_ids])
+        refs.free_unreferenced([oid for record, _ in finished for oid in record.return_ids])
 
     def caller(self, actor_id: bytes, max_task_retries: int) -> ActorCaller:
         """This process's channel to ``actor_id`` (made on first use)."""
