@@ -509,9 +509,10 @@ class Reactor:
             self._wake()
 
     def call_idle(self, fn: Callable[[], Any]) -> None:
-        """Run ``fn()`` on the leading thread before it next waits for I/O: for work that
-        need not delay what this iteration wakes (it then overlaps the peer's work, e.g.
-        a get's bookkeeping with the next task's run). From the leading thread only."""
+        """Run ``fn()`` at the start of the loop's next iteration, before it waits for I/O:
+        for work that need not delay what this iteration wakes (a waiter woken by it has
+        returned by then, so the work overlaps the peer's, e.g. a get's bookkeeping with
+        the next task's run). From the leading thread only."""
         self._idle.append(fn)
 
     def call_later(self, delay: float, fn: Callable[[], Any]) -> None:
@@ -596,16 +597,14 @@ class Reactor:
     # -- the loop ----------------------------------------------------------------------------
 
     def _run_once(self, max_wait: float | None = None) -> None:
+        if self._idle:  # first thing in every iteration: a busy loop must not starve it
+            self._run_idle()
         timeout = max_wait
         if self._calls:
             timeout = 0
         elif self._timers:
             due = max(0.0, self._timers[0][0] - time.monotonic())
             timeout = due if timeout is None else min(timeout, due)
-        if self._idle and timeout != 0:
-            self._run_idle()
-            if self._calls:
-                timeout = 0
         watched = self._watched
         for fd, events in self._epoll.poll(timeout):
             conn = watched.get(fd)

@@ -287,3 +287,26 @@ def test_a_batched_connection_hands_over_each_read_as_one_list() -> None:
         theirs.close()
     assert batches == [[1, 2, 3], [4]]
     assert closed and "bad frame" in closed[0]
+
+
+def test_idle_work_is_not_starved_by_a_stream_of_callbacks(peer: Peer) -> None:
+    # A callback that keeps posting itself leaves calls pending at every iteration: idle
+    # work must still run (once per iteration), or a busy driver would never settle.
+    ran = threading.Event()
+    stop = threading.Event()
+
+    def again() -> None:
+        if not stop.is_set():
+            peer.reactor.call_soon(again)
+
+    def hook(req_id: int) -> None:
+        peer.reactor.call_soon(again)
+        peer.reactor.call_idle(ran.set)
+
+    peer.hook = hook
+    peer.expect(5)
+    peer.send(5)
+    try:
+        assert ran.wait(WAIT_S)
+    finally:
+        stop.set()
