@@ -5,8 +5,8 @@
         all args ready     -> submitter.enqueue (task) | ActorCaller.call (actor method)
     TaskResults of one read (submitter / ActorCaller) --> complete_tasks
         returns -> memory store (inline) or IN_STORE (shared memory) -> wake getters
-        -> done; once the I/O loop is idle, settle: status FINISHED / FAILED, free
-           returns nobody references
+        -> done; in the I/O loop's next iteration, settle: status FINISHED / FAILED,
+           free returns nobody references
     cancel / lease failed / worker or actor lost / node manager gone / failed argument
         --> fail_task: every return set to the error -> done, settled -> wake getters
 
@@ -132,7 +132,7 @@ class TaskOwner:
 
     def complete_tasks(self, done: list[tuple[TaskRecord, m.TaskResult]]) -> None:
         """Store the returns of finished tasks and wake their getters (on the thread leading
-        the I/O loop); the rest of their bookkeeping waits until the loop is idle."""
+        the I/O loop); the rest of their bookkeeping waits for the loop's next iteration."""
         here = self.rt.node_id
         entries: list[tuple[bytes, Entry]] = []
         finished: list[_Outcome] = []
@@ -157,7 +157,7 @@ class TaskOwner:
         """Finish the bookkeeping of the tasks completed so far: forget their records and
         argument refs, free returns nobody references, write their outcome (lineage).
 
-        Run when the I/O loop is about to wait (in a loop of ``get`` calls: while the
+        Run first in the I/O loop's next iteration (in a loop of ``get`` calls: while the
         next task runs, not between a result and its getter), and before lineage is
         read or the runtime closes.
         """

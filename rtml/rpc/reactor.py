@@ -333,7 +333,7 @@ class Reactor:
         self._wake_w.setblocking(False)
         self._watch(self._wake_r.fileno(), _READ, None)
         self._calls: deque[tuple[Callable[..., Any], tuple[Any, ...]]] = deque()
-        self._idle: deque[Callable[[], Any]] = deque()  # run before the loop next waits
+        self._idle: deque[Callable[[], Any]] = deque()  # run first in the next iteration
         self._timers: list[tuple[float, int, Callable[[], Any]]] = []
         self._seq = itertools.count()
         self._running = False
