@@ -384,14 +384,16 @@ class ClientRuntime:
             for object_id in missing:
                 self.store.add_waiter(object_id, arrived)
         try:
-            self._block(done, deadline, missing)
+            self._block(done, deadline, missing, spin=len(missing) == 1)
         except BaseException:  # timed out or interrupted: a polling loop must not pile up
             with self.lock:
                 for object_id in missing:
                     self.store.remove_waiter(object_id, arrived)
             raise
 
-    def _block(self, done: Flag, deadline: float | None, ids: list[bytes]) -> None:
+    def _block(self, done: Flag, deadline: float | None, ids: list[bytes],
+               spin: bool = False) -> None:
+        """Wait for ``done``; ``spin``: one task's result, due soon (see Reactor.SPIN)."""
         if done.is_set():
             return
         hook = self.blocked_hook
@@ -399,7 +401,7 @@ class ClientRuntime:
             hook(True)
         try:
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not self.reactor.wait_serving(done, timeout):
+            if not self.reactor.wait_serving(done, timeout, spin):
                 raise GetTimeoutError(
                     f"get timed out after waiting for {len(ids)} object(s), e.g. "
                     f"{ids[0].hex()}; the task may still be running")

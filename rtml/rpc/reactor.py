@@ -22,6 +22,9 @@ own code)::
 
     background: [lead: select/handle]--waiter arrives-->[aside]--grace, or work-->[lead]
     waiter:           wake bg, take the lead --> [select/handle until done] --> hand back
+
+A waiter for one round trip (``get`` of one task's result) polls for ``SPIN`` before
+its first sleep: the reply usually lands within it, and is read at once.
 """
 
 from __future__ import annotations
@@ -54,6 +57,10 @@ _RECV_SIZE = 1 << 18
 _READ = select.EPOLLIN
 _READ_WRITE = select.EPOLLIN | select.EPOLLOUT
 HANDBACK_GRACE = 0.002
+SPIN = 100e-6
+"""Seconds a waiter that asks to spin polls the loop without blocking before it sleeps:
+for a single result, due within tens of microseconds, waking from a sleep costs more
+(the wake-up itself, and the caches the idle CPU lost) than polling until it lands."""
 """Seconds the background thread leaves the loop idle after a waiter hands it back,
 so that the next ``get`` of a loop of them finds it free; posted callbacks and other
 waiting threads end the grace at once."""
@@ -376,9 +383,9 @@ class Reactor:
         finally:
             self._running = False
 
-    def _run_guarded(self, max_wait: float | None) -> None:
+    def _run_guarded(self, max_wait: float | None, spin: float = 0.0) -> None:
         try:
-            self._run_once(max_wait)
+            self._run_once(max_wait, spin)
         except Exception:  # the loop must outlive any one bad event
             log.exception("%s: reactor iteration failed", self.name)
 
@@ -399,9 +406,13 @@ class Reactor:
                     return
                 self._aside.wait(left)
 
-    def wait_serving(self, done: threading.Event | Flag, timeout: float | None) -> bool:
+    def wait_serving(self, done: threading.Event | Flag, timeout: float | None,
+                     spin: bool = False) -> bool:
         """Block until ``done`` is set or ``timeout`` passes, leading the loop meanwhile
         if no other waiter does. True if ``done`` was set.
+
+        ``spin``: the answer is due soon (one round trip): as leader, poll for up to
+        ``SPIN`` seconds before the first sleep.
 
         An exception meant for this thread while it leads (a signal handler's: Ctrl-C,
         a task's cancellation) is handed to :meth:`interrupt_leader` instead of being
@@ -433,11 +444,13 @@ class Reactor:
                 return done.is_set()
             try:
                 self.thread_id = me
+                spin_for = SPIN if spin else 0.0
                 while not done.is_set() and self._running and self._interrupt is None:
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
                         break
-                    self._run_guarded(left)
+                    self._run_guarded(left, spin_for)
+                    spin_for = 0.0
             finally:
                 self.thread_id = None
                 self._lead.release()
@@ -596,7 +609,7 @@ class Reactor:
 
     # -- the loop ----------------------------------------------------------------------------
 
-    def _run_once(self, max_wait: float | None = None) -> None:
+    def _run_once(self, max_wait: float | None = None, spin: float = 0.0) -> None:
         if self._idle:  # first thing in every iteration: a busy loop must not starve it
             self._run_idle()
         timeout = max_wait
@@ -606,7 +619,7 @@ class Reactor:
             due = max(0.0, self._timers[0][0] - time.monotonic())
             timeout = due if timeout is None else min(timeout, due)
         watched = self._watched
-        for fd, events in self._epoll.poll(timeout):
+        for fd, events in self._poll(timeout, spin):
             conn = watched.get(fd)
             if conn is None:
                 if fd == self._wake_r.fileno():
@@ -625,6 +638,22 @@ class Reactor:
             self._run_timers(time.monotonic())
         if self._dirty:
             self._flush_dirty()
+
+    def _poll(self, timeout: float | None, spin: float) -> list[tuple[int, int]]:
+        """epoll's events, waiting at most ``timeout``; polling, not sleeping, for the
+        first ``spin`` seconds of it."""
+        poll = self._epoll.poll
+        if spin and timeout != 0:
+            clock = time.perf_counter
+            end = clock() + spin
+            ready = poll(0)
+            while not ready and clock() < end:
+                ready = poll(0)
+            if ready:
+                return ready
+            if timeout is not None:
+                timeout = max(0.0, timeout - spin)
+        return poll(timeout)
 
     def _drain_wake(self) -> None:
         try:

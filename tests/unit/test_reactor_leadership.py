@@ -310,3 +310,26 @@ def test_idle_work_is_not_starved_by_a_stream_of_callbacks(peer: Peer) -> None:
         assert ran.wait(WAIT_S)
     finally:
         stop.set()
+
+
+def test_a_spinning_waiter_polls_until_its_reply_lands(
+        peer: Peer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(reactor_module, "SPIN", 5.0)  # longer than the reply takes
+    done = peer.expect(6)
+    threading.Timer(0.1, peer.send, (6,)).start()
+    cpu = time.thread_time()
+    assert peer.reactor.wait_serving(done, WAIT_S, spin=True)
+    spent = time.thread_time() - cpu
+    assert peer.handler_thread(6) == threading.get_ident()
+    assert spent > 0.02  # it polled through the 0.1 s: a sleeping wait costs ~0.1 ms
+
+
+def test_a_spinning_waiter_sleeps_once_the_spin_is_over(peer: Peer) -> None:
+    cpu = time.thread_time()
+    start = time.monotonic()
+    assert not peer.reactor.wait_serving(threading.Event(), 0.3, spin=True)
+    assert time.monotonic() - start >= 0.3
+    assert time.thread_time() - cpu < 0.1  # SPIN (100 us) of polling, then asleep
+    done = peer.expect(7)
+    peer.send(7)  # the background thread takes the loop back as after any wait
+    assert done.wait(WAIT_S)
