@@ -61,10 +61,12 @@ def submit_call(rt: ClientRuntime, *, name: str, function_id: bytes, args: tuple
                         parent=context.current_task())
     if built.contained:
         rt.refs.send_holds(m.AddHolds, built.contained, task_id)
+    if num_returns == 1:
+        ref = ObjectRef(return_ids[0], rt.client_id)
+        rt.owner.submit(record, built.pending, built.error)
+        return ref
     refs = [ObjectRef(oid, rt.client_id) for oid in return_ids]
     rt.owner.submit(record, built.pending, built.error)
-    if num_returns == 1:
-        return refs[0]
     return refs or None
 
 

@@ -157,9 +157,15 @@ class ClientRuntime:
         """
         if self.reactor.in_reactor():
             conn.send(msg)  # corked: written at the end of the reactor iteration
-        else:
-            conn.enqueue(msg)
-            self._unflushed.append(conn)
+            return
+        conn.enqueue(msg)
+        unflushed = self._unflushed
+        try:  # a batch of frames for one connection: one flush (still due: not popped yet)
+            due = unflushed[-1] is conn
+        except IndexError:  # empty (or emptied meanwhile by a flush_sends elsewhere)
+            due = False
+        if not due:
+            unflushed.append(conn)
 
     def flush_sends(self) -> None:
         """Write what :meth:`send_ordered` queued; call without holding ``self.lock``."""
@@ -410,9 +416,9 @@ class ClientRuntime:
                 hook(False)
 
     def _value(self, ref: ObjectRef, deadline: float | None) -> Any:
-        entry = self.store.get(ref.id)
+        entry = self.store.entries.get(ref.id)
         if isinstance(entry, m.Payload):
-            value = _load(entry)
+            value = _load(entry) if entry.is_error else from_payload(entry)
         else:
             value = self.read_shared(ref.id, ref.owner, deadline,
                                      self.refs.locations.get(ref.id, b""))

@@ -136,6 +136,8 @@ def deserialize(inband: bytes | memoryview, buffers: list[Any]) -> Any:
 
 
 def from_payload(payload: Payload) -> Any:
+    if not payload.buffers:  # most values: nothing out of band, so not Arrow either
+        return pickle.loads(payload.data)
     return deserialize(payload.data, payload.buffers)
 
 
