@@ -13,6 +13,7 @@ restored in each child so user code can wait for its own subprocesses).
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -27,6 +28,10 @@ from rtml.daemon import die_with_parent
 def main(argv: list[str]) -> int:
     die_with_parent()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    # What the imports made lives as long as any worker: out of the collector's sight, its
+    # full passes in every worker skip it, and its pages stay shared with the forks (a
+    # pass writes to every object it visits).
+    gc.freeze()
     # Raw fds, no file objects: a child must not inherit wrappers that would close
     # its fds 0 and 1 (by then its stdin and log) when collected.
     for line in _lines(0):

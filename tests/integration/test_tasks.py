@@ -68,6 +68,12 @@ def three_values() -> tuple[int, str, list[int]]:
 
 
 @rtml.remote
+def frozen_objects() -> tuple[int, int]:
+    import gc
+    return gc.get_freeze_count(), os.getpid()
+
+
+@rtml.remote
 def context_ids() -> tuple[str | None, str | None, str]:
     ctx = rtml.get_runtime_context()
     return ctx.get_task_id(), ctx.get_actor_id(), ctx.get_node_id()
@@ -115,6 +121,12 @@ def test_nodes_table_matches_runtime_context() -> None:
     assert node["Resources"]["CPU"] == 2.0
     assert "NodeManagerAddress" in node
     assert node["NodeID"] == rtml.get_runtime_context().get_node_id()
+
+
+def test_workers_start_with_the_imported_code_frozen_out_of_the_collector() -> None:
+    frozen, pid = rtml.get(frozen_objects.remote())
+    assert pid != os.getpid()
+    assert frozen > 10_000  # the zygote froze what rtml's imports made before it forked
 
 
 def test_runtime_context_inside_task() -> None:

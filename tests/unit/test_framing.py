@@ -163,3 +163,15 @@ def test_decoding_garbage_raises() -> None:
         m.decode(b"\xc1\xc1\xc1")
     with pytest.raises((msgspec.DecodeError, msgspec.ValidationError)):
         m.decode(msgspec.msgpack.encode([9999, "x"]))  # unknown tag
+
+
+def test_messages_decoded_and_built_are_not_tracked_by_the_collector() -> None:
+    import gc
+    spec = m.TaskSpec(b"t" * 16, b"job", "f", b"", [m.TaskArg(value=m.Payload(b"x"))], [], 1,
+                      b"o" * 16)
+    pushed = m.decode(m.encode(m.PushTask(spec)))
+    assert isinstance(pushed, m.PushTask) and pushed.spec == spec
+    for value in (spec, spec.args[0], spec.args[0].value, pushed, pushed.spec,
+                  m.TaskResult(b"t" * 16, [m.ReturnObject(b"r", m.Payload(b"v"))], 0.0, 0.0,
+                               1, b"n")):
+        assert not gc.is_tracked(value), type(value).__name__
