@@ -237,7 +237,8 @@ def get(refs: Any, *, timeout: float | None = None) -> Any:
     """Block for the value(s) of ``refs``; raises the task's error or GetTimeoutError."""
     rt = context.require_runtime()
     ref_list, single = _as_refs(refs, "get()")
-    _check_timeout(timeout, "get()")
+    if timeout is not None:
+        _check_timeout(timeout, "get()")
     values = rt.get(ref_list, timeout)
     return values[0] if single else values
 

@@ -367,26 +367,23 @@ class ClientRuntime:
     def get(self, refs: list[ObjectRef], timeout: float | None) -> list[Any]:
         """Values of ``refs`` in order. Raises the stored error, or GetTimeoutError."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        self._wait_owned([r for r in refs if r.owner == self.client_id], deadline)
+        self._wait_owned(refs, deadline)
         values = [self._value(r, deadline) for r in refs]
         if self.refs.refops:
             self.refs.process_refops()  # holds for refs found inside the values, in one batch
         return values
 
     def _wait_owned(self, refs: list[ObjectRef], deadline: float | None) -> None:
+        """Block until the refs among ``refs`` that we own and are still being made have
+        their values."""
+        me, entries, records = self.client_id, self.store.entries, self.submitter.records
         with self.lock:
-            missing = [r.id for r in refs if r.id not in self.store.entries
-                       and task_of(r.id) in self.submitter.records]
+            missing = [r.id for r in refs if r.owner == me and r.id not in entries
+                       and task_of(r.id) in records]
             if not missing:
                 return
-            remaining = [len(missing)]
             done = Flag()
-
-            def arrived(_: bytes) -> None:
-                remaining[0] -= 1
-                if remaining[0] == 0:
-                    done.set()
-
+            arrived = done.set if len(missing) == 1 else _countdown(len(missing), done)
             for object_id in missing:
                 self.store.add_waiter(object_id, arrived)
         try:
@@ -552,6 +549,17 @@ class ClientRuntime:
     def task_error(self, name: str, exc: BaseException) -> TaskError:
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         return TaskError(name, text, exc, os.getpid(), self.node_id.hex()).as_instanceof_cause()
+
+
+def _countdown(count: int, done: Flag) -> Callable[[bytes], None]:
+    """A waiter callback that sets ``done`` on its ``count``-th call."""
+    remaining = [count]
+
+    def arrived(_: bytes) -> None:
+        remaining[0] -= 1
+        if remaining[0] == 0:
+            done.set()
+    return arrived
 
 
 def _load(payload: m.Payload) -> Any:

@@ -297,7 +297,8 @@ class Flag:
         self._lock.acquire()
         self._set = False
 
-    def set(self) -> None:
+    def set(self, _: object = None) -> None:
+        """Set it (the argument is ignored: a callback's, e.g. an object id)."""
         if self._set:
             return
         self._set = True
