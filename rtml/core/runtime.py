@@ -387,7 +387,8 @@ class ClientRuntime:
             for object_id in missing:
                 self.store.add_waiter(object_id, arrived)
         try:
-            self._block(done, deadline, missing, spin=len(missing) == 1)
+            # A get of one task's result: the round trip's answer is due soon.
+            self._block(done, deadline, missing, spin=len(refs) == 1)
         except BaseException:  # timed out or interrupted: a polling loop must not pile up
             with self.lock:
                 for object_id in missing:
