@@ -5,8 +5,8 @@
                          (pipelined calls to a one-at-a-time actor: written in batches)
     connection lost -> in-flight calls retried (max_task_retries) or ActorDiedError;
                        the next call asks the head again (it answers after a restart, or DEAD)
-    last handle dropped in its creator (never pickled, unnamed, not detached)
-                    -> KillActor once the calls made on it are answered (HandleCounts)
+    last handle gone, anywhere, and the calls made through them answered (unnamed, not
+    detached) -> its life object is freed -> KillActor (ActorLives)
 
 Calls from one caller travel over one connection, so the actor sees them in order.
 """
@@ -20,8 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 from rtml.core import context
 from rtml.core.arguments import build_args
+from rtml.core.object_ref import ObjectRef
 from rtml.core.options import ACTOR_OPTIONS, METHOD_OPTIONS, check_options, strategy_of
 from rtml.core.remote_function import Exported, submit_call
+from rtml.core.serialization import recording_contained, serialize
 from rtml.core.submitter import TaskRecord
 from rtml.exceptions import ActorDiedError
 from rtml.ids import random_id
@@ -82,10 +84,9 @@ class ActorClass(Exported):
             namespace=options.get("namespace") or rt.config.namespace,
             detached=options.get("lifetime") == "detached", sys_paths=rt.sys_paths,
             strategy=strategy_of(options))
-        if not spec.name and not spec.detached:
-            rt.owner.handles.track(spec.actor_id)
+        life = None if spec.name or spec.detached else rt.owner.lives.make(spec.actor_id)
         handle = ActorHandle(spec.actor_id, self.__name__, _method_meta(self._cls),
-                             spec.max_task_retries)
+                             spec.max_task_retries, life)
         for _, ref in built.pending:
             # The actor's worker reads these from shared memory, waiting until they exist.
             rt.refs.escaped(ref)
@@ -130,22 +131,19 @@ class _BoundClass:
 
 
 class ActorHandle:
-    """A picklable handle to an actor; ``handle.method.remote(...)`` calls it."""
+    """A picklable handle to an actor; ``handle.method.remote(...)`` calls it.
+
+    ``life``: the ref to the actor's life object (see :class:`ActorLives`), None for an
+    actor that is not ended by its handles (named or detached).
+    """
 
     def __init__(self, actor_id: bytes, class_name: str, methods: dict[str, int],
-                 max_task_retries: int) -> None:
+                 max_task_retries: int, life: ObjectRef | None = None) -> None:
         self._actor_id = actor_id
         self._class_name = class_name
         self._methods = methods
         self._max_task_retries = max_task_retries
-        rt = context.get_runtime()
-        self._counts = rt.owner.handles if rt is not None and rt.owner.handles.made(
-            actor_id) else None
-
-    def __del__(self) -> None:
-        counts = self._counts
-        if counts is not None:
-            counts.dropped(self._actor_id)
+        self._life = life
 
     def __getattr__(self, name: str) -> ActorMethod:
         if name.startswith("_"):
@@ -158,10 +156,9 @@ class ActorHandle:
         return method
 
     def __reduce__(self) -> tuple[Any, ...]:
-        if self._counts is not None:  # usable elsewhere from now on: no longer ours to end
-            self._counts.escaped(self._actor_id)
+        _pin_if_untracked(self._life)
         return (ActorHandle, (self._actor_id, self._class_name, self._methods,
-                              self._max_task_retries))
+                              self._max_task_retries, self._life))
 
     def __repr__(self) -> str:
         return f"ActorHandle({self._class_name}, {self._actor_id.hex()})"
@@ -174,27 +171,20 @@ class ActorHandle:
 
 
 class ActorMethod:
-    """``handle.name``: keeps the actor alive as a handle does (counted like one), but
-    holds no reference to its handle, so that the handle, which caches it, is freed as
-    soon as it is dropped (no reference cycle to wait for the garbage collector)."""
+    """``handle.name``: keeps the actor alive as a handle does (it holds the life ref),
+    but holds no reference to its handle, so that the handle, which caches it, is freed
+    as soon as it is dropped (no reference cycle to wait for the garbage collector)."""
 
     def __init__(self, source: ActorHandle | ActorMethod, name: str,
                  options: dict[str, Any]) -> None:
         self._actor_id: bytes = source._actor_id
         self._class_name: str = source._class_name
         self._max_task_retries: int = source._max_task_retries
-        counts = source._counts
-        self._counts: HandleCounts | None = (
-            counts if counts is not None and counts.made(self._actor_id) else None)
+        self._life: ObjectRef | None = source._life
         self._name = name
         self._opts = options
         self._task_name = options.get("name") or f"{source._class_name}.{name}"
         self._num_returns = options.get("num_returns", 1)
-
-    def __del__(self) -> None:
-        counts = self._counts
-        if counts is not None:
-            counts.dropped(self._actor_id)
 
     def options(self, **options: Any) -> ActorMethod:
         check_options(options, METHOD_OPTIONS, f"actor method {self._name!r}")
@@ -205,24 +195,31 @@ class ActorMethod:
                            function_id=b"", args=args, kwargs=kwargs,
                            num_returns=self._num_returns, shape={},
                            max_retries=self._max_task_retries, retry_exceptions=False,
-                           actor_id=self._actor_id, method=self._name)
+                           actor_id=self._actor_id, method=self._name, keep=self._life)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(f"actor method {self._name!r} cannot be called directly; "
                         f"use .{self._name}.remote(...)")
 
     def __reduce__(self) -> tuple[Any, ...]:
-        if self._counts is not None:  # usable elsewhere from now on, as a pickled handle
-            self._counts.escaped(self._actor_id)
+        _pin_if_untracked(self._life)
         return (_rebuild_method, (self._actor_id, self._class_name, self._max_task_retries,
-                                  self._name, self._opts))
+                                  self._name, self._opts, self._life))
 
 
 def _rebuild_method(actor_id: bytes, class_name: str, max_task_retries: int, name: str,
-                    options: dict[str, Any]) -> ActorMethod:
+                    options: dict[str, Any], life: ObjectRef | None = None) -> ActorMethod:
     handle = ActorHandle(actor_id, class_name, {name: options.get("num_returns", 1)},
-                         max_task_retries)
+                         max_task_retries, life)
     return ActorMethod(handle, name, options)
+
+
+def _pin_if_untracked(life: ObjectRef | None) -> None:
+    """A handle pickled outside a value (a function's closure, say) is held by nothing
+    that frees it: this process keeps its actor's life object to the job's end."""
+    rt = context.get_runtime()
+    if life is not None and rt is not None and not recording_contained():
+        rt.owner.lives.pin(life)
 
 
 def method(num_returns: int = 1) -> Any:
@@ -249,7 +246,6 @@ class ActorCaller:
         self.last_address = ""
         self.node_id = b""
         self.keep_alive: list[Any] = []
-        self.end_when_idle = False  # its last handle is gone: end it after the last answer
         self.sequential = False  # runs one call at a time: not threaded, not async
         self.held: list[m.PushTask] = []  # calls in flight but not yet written (see flush)
 
@@ -274,7 +270,6 @@ class ActorCaller:
         if self.conn is None:
             if queue and not self.resolving:
                 self._resolve()
-            self._end_if_unused()
             return
         while queue and (queue[0].done or queue[0].deps == 0):
             record = queue.popleft()
@@ -289,7 +284,6 @@ class ActorCaller:
                 continue
             self._send_held()
             self.rt.send_ordered(self.conn, msg)
-        self._end_if_unused()
 
     def _send_held(self) -> None:
         """Write the held calls, in order (under the runtime lock)."""
@@ -298,18 +292,10 @@ class ActorCaller:
             for msg in held:
                 self.rt.send_ordered(self.conn, msg)
 
-    def _end_if_unused(self) -> None:
-        """Its last handle is gone and no call of ours is left on it: end it (every way a
-        call leaves the queue or the in-flight set passes here or through ``flush``)."""
-        if self.end_when_idle and not self.inflight and not self.queue:
-            self.end_when_idle = False
-            self.rt.owner.handles.end(self.actor_id)
-
     def cancel_queued(self, record: TaskRecord) -> bool:
         """Drop a call not yet sent; True if it was still queued here."""
         if record in self.queue:
             self.queue.remove(record)
-            self._end_if_unused()
             return True
         return False
 
@@ -342,6 +328,7 @@ class ActorCaller:
         with self.rt.lock:
             self.resolving = False
             self.dead_error = info.error or f"the actor is {info.state}"
+            self.keep_alive = []  # no restart will read its constructor's arguments
             failed = list(self.queue)
             self.queue.clear()
         for record in failed:
@@ -359,8 +346,6 @@ class ActorCaller:
             self._send_held()  # calls ended: the held ones can start
         if done:
             self.rt.owner.complete_tasks(done)
-        with self.rt.lock:
-            self._end_if_unused()
 
     def _on_closed(self, conn: Connection, reason: str) -> None:
         failed: list[TaskRecord] = []
@@ -399,57 +384,46 @@ class ActorCaller:
             self.conn.close("shutdown")
 
 
-class HandleCounts:
-    """Live handles of the actors this process created, unnamed and not detached: when
-    the last one is dropped the actor ends, once the calls made on it are answered (as in
-    Ray). A handle pickled for another process may be in use anywhere: its actor is left
-    to its job's end (or ``rtml.kill``).
-    """
+class ActorLives:
+    """The life objects of the actors this process created (unnamed, not detached).
 
-    REASON = "all its handles went out of scope"
+    An actor's life is a tiny object its creator owns. Every handle to the actor, in any
+    process, holds a ref to it, and so does each call in flight through a handle. Those
+    refs are counted as any other (borrowers, refs inside arguments, results and put
+    values), so the object is freed once the last handle anywhere is gone and the calls
+    made through them are answered; the actor then ends, as in Ray::
+
+        never pickled: freed by its owner, here ---------------------------> KillActor
+        pickled: promoted to shared memory; its node manager frees it when
+                 the last hold (owner, borrowers, containers) is released ---> KillActor
+
+    A handle pickled outside a value (into a function's closure, say) is held by nothing
+    that would let go of it: its actor is kept to the job's end (:meth:`pin`).
+    """
 
     def __init__(self, rt: ClientRuntime) -> None:
         self.rt = rt
-        self.counts: dict[bytes, int] = {}
+        self.actors: dict[bytes, bytes] = {}  # life object -> its actor
+        self._pinned: dict[bytes, ObjectRef] = {}
 
-    def track(self, actor_id: bytes) -> None:
+    def make(self, actor_id: bytes) -> ObjectRef:
+        """A new life object for ``actor_id``: its ref goes into the actor's handles."""
+        life = self.rt.put_serialized(serialize(actor_id))
         with self.rt.lock:
-            self.counts[actor_id] = 0
+            self.actors[life.id] = actor_id
+        return life
 
-    def made(self, actor_id: bytes) -> bool:
-        """A handle was made here; True if it counts (its actor is tracked)."""
+    def pin(self, life: ObjectRef) -> None:
         with self.rt.lock:
-            if actor_id not in self.counts:
-                return False
-            self.counts[actor_id] += 1
-            return True
+            self._pinned[life.id] = life
 
-    def escaped(self, actor_id: bytes) -> None:
-        with self.rt.lock:
-            self.counts.pop(actor_id, None)
-
-    def dropped(self, actor_id: bytes) -> None:
-        """From ``__del__`` (any thread, perhaps holding a lock): only post it."""
-        self.rt.reactor.call_soon(self._dropped, actor_id)
-
-    def _dropped(self, actor_id: bytes) -> None:
-        with self.rt.lock:
-            count = self.counts.get(actor_id)
-            if count is None:
-                return
-            if count > 1:
-                self.counts[actor_id] = count - 1
-                return
-            del self.counts[actor_id]
-            caller = self.rt.owner.actor_callers.get(actor_id)
-            if caller is not None and (caller.inflight or caller.queue):
-                caller.end_when_idle = True
-                return
-        self.end(actor_id)
-
-    def end(self, actor_id: bytes) -> None:
-        self.rt.head.send(m.KillActor(actor_id, no_restart=True, reason=self.REASON))
-        with self.rt.lock:
+    def freed(self, object_id: bytes, promoted: bool) -> None:
+        """Its owner let go of life object ``object_id`` (under the runtime lock). Never
+        promoted, it is gone: its actor ends now; else its node manager ends it."""
+        actor_id = self.actors.pop(object_id, None)
+        if actor_id is not None and not promoted:
+            self.rt.head.send(m.KillActor(actor_id, no_restart=True, reason=m.OUT_OF_SCOPE))
             caller = self.rt.owner.actor_callers.get(actor_id)
             if caller is not None:
-                caller.dead_error = self.REASON
+                caller.dead_error = m.OUT_OF_SCOPE
+                caller.keep_alive = []  # its constructor's arguments: never read again

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rtml.control_plane.tables import RAN, SUBMITTED
-from rtml.core.actors import ActorCaller, HandleCounts
+from rtml.core.actors import ActorCaller, ActorLives
 from rtml.core.memory_store import IN_STORE, Entry, StoredError
 from rtml.core.serialization import from_payload, serialize
 from rtml.core.submitter import TaskRecord
@@ -45,7 +45,7 @@ class TaskOwner:
     def __init__(self, runtime: ClientRuntime) -> None:
         self.rt = runtime
         self.actor_callers: dict[bytes, Any] = {}
-        self.handles = HandleCounts(runtime)
+        self.lives = ActorLives(runtime)
         self._unsettled: deque[list[_Outcome]] = deque()  # done, bookkeeping not yet run
 
     def submit(self, record: TaskRecord, pending: list[tuple[int, ObjectRef]],

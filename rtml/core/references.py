@@ -243,11 +243,14 @@ class ReferenceCounter:
         rt = self.rt
         store = rt.store
         escaped = self.escaped_pending
+        lives = rt.owner.lives
         with rt.lock:
             for object_id in object_ids:
                 promoted = object_id in store.promoted
                 entry = store.pop(object_id)
                 escaped.discard(object_id)
+                if object_id in lives.actors:
+                    lives.freed(object_id, promoted)
                 if entry is IN_STORE or promoted:
                     releases.append(object_id)
                 elif object_id in store.has_contained:

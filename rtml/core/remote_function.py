@@ -47,9 +47,14 @@ class Exported:
 def submit_call(rt: ClientRuntime, *, name: str, function_id: bytes, args: tuple[Any, ...],
                 kwargs: dict[str, Any], num_returns: int, shape: Shape, max_retries: int,
                 retry_exceptions: Any, actor_id: bytes = b"", method: str = "",
-                key: tuple[Any, ...] = ()) -> Any:
-    """Submit one task or actor call; its ref (a list for several returns, None for 0)."""
+                key: tuple[Any, ...] = (), keep: Any = None) -> Any:
+    """Submit one task or actor call; its ref (a list for several returns, None for 0).
+
+    ``keep``: held until the call is answered (an actor's life: see ActorLives).
+    """
     built = build_args(rt, args, kwargs)
+    if keep is not None:
+        built.keep_alive.append(keep)
     task_id = new_task_id()
     return_ids = ([object_id_for(task_id, 1)] if num_returns == 1 else
                   [object_id_for(task_id, i + 1) for i in range(num_returns)])

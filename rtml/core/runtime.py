@@ -362,7 +362,8 @@ class ClientRuntime:
         except FileExistsError:
             return
         self.store.promoted.add(object_id)
-        self.nm.send(m.SealObject(object_id, size, self.client_id))
+        self.nm.send(m.SealObject(object_id, size, self.client_id,
+                                  self.owner.lives.actors.get(object_id, b"")))
 
     def get(self, refs: list[ObjectRef], timeout: float | None) -> list[Any]:
         """Values of ``refs`` in order. Raises the stored error, or GetTimeoutError."""

@@ -118,6 +118,11 @@ def serialize(value: Any) -> Serialized:
     return Serialized(inband, buffers, contained)
 
 
+def recording_contained() -> bool:
+    """Whether a value is being serialized here: refs pickled now are held by it."""
+    return getattr(_tls, "contained", None) is not None
+
+
 def note_contained(ref: Any) -> None:
     """Called by ObjectRef.__reduce__: record a ref being pickled into a value."""
     contained = getattr(_tls, "contained", None)

@@ -111,8 +111,10 @@ class ObjectManager:
     """This node's objects: the store core, remote holds, pulls, copies and the table."""
 
     def __init__(self, node_id: bytes, namespace: str, spill_dir: str, capacity: int,
-                 token: str, links: NodeLinks) -> None:
+                 token: str, links: NodeLinks, end_actor: Callable[[bytes], None]) -> None:
         self.node_id = node_id
+        self.end_actor = end_actor  # an actor's life object was freed here: it ends
+        self.lives: dict[bytes, bytes] = {}  # life object -> its actor
         self.namespace = namespace
         self.spill_dir = spill_dir
         self.token = token
@@ -142,6 +144,8 @@ class ObjectManager:
         new = not self.store.contains(msg.object_id)
         # A result sealed for an owner that already left is held by nobody: freed at once.
         holder = b"" if msg.holder in self.gone_clients else msg.holder
+        if msg.actor_id:
+            self.lives[msg.object_id] = msg.actor_id
         commands = self.store.seal(msg.object_id, msg.size, holder)
         if new:
             self.table.sealed(msg.object_id, msg.size, msg.holder)
@@ -382,6 +386,9 @@ class ObjectManager:
         self._forward_releases(self.remote.release_holder(object_id))  # nested refs it held
         for node_id in self.copies.pop(object_id, ()):
             self.links.send(node_id, m.ObjectsFreed([object_id]))
+        actor_id = self.lives.pop(object_id, None)
+        if actor_id is not None:
+            self.end_actor(actor_id)
 
     # -- control plane and shutdown ------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import msgspec
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 
 class Msg(msgspec.Struct, array_like=True, tag=True, omit_defaults=False, gc=False):
@@ -161,6 +161,7 @@ class SealObject(Msg, tag=30):
     object_id: bytes
     size: int
     holder: bytes
+    actor_id: bytes = b""  # the object is this actor's life: the actor ends when it is freed
 
 
 class AddHolds(Msg, tag=31):
@@ -353,6 +354,10 @@ class KillActor(Msg, tag=56):
     actor_id: bytes
     no_restart: bool = True
     reason: str = ""  # why, for its callers' ActorDiedError (default: rtml.kill())
+
+
+OUT_OF_SCOPE = "all its handles went out of scope"
+"""The reason an actor ends when its life object is freed (see rtml.core.actors)."""
 
 
 class StartActor(Msg, tag=57):

@@ -105,8 +105,13 @@ class NodeManager(Service):
         self._spill_ids = 0
         self.links = NodeLinks(make_hello(self.token, "node", self.node_id))
         self.objects = ObjectManager(self.node_id, self.namespace, str(self.session.spill),
-                                     cfg.object_store_memory, self.token, self.links)
+                                     cfg.object_store_memory, self.token, self.links,
+                                     self._end_actor)
         self.launcher = WorkerLauncher(zygote, self._worker_gone)
+
+    def _end_actor(self, actor_id: bytes) -> None:
+        """The actor's life object was freed here: no handle to it is left anywhere."""
+        self.head.send(m.KillActor(actor_id, no_restart=True, reason=m.OUT_OF_SCOPE))
 
     def _pool_size(self) -> int:
         if self.cfg.prestart_workers >= 0:

@@ -8,6 +8,7 @@ import time
 import uuid
 from pathlib import Path
 
+import cloudpickle
 import psutil
 import pytest
 
@@ -82,6 +83,9 @@ class Relay:
 
     def forward(self, by: int) -> int:
         return rtml.get(self.target.incr.remote(by))
+
+    def pid(self) -> int:
+        return os.getpid()
 
 
 @rtml.remote
@@ -387,20 +391,68 @@ def test_a_method_keeps_its_actor_alive_like_a_handle() -> None:
     assert _exits(pid)
 
 
-def test_named_detached_and_shared_actors_outlive_their_handle() -> None:
-    # Named and detached actors are found again by name; a handle pickled for another
-    # process may still be in use there. None of them ends with the creator's handle.
+def test_named_and_detached_actors_outlive_their_handle() -> None:
+    # Both are found again by name: neither ends with its creator's handle.
     names = [f"kept-{uuid.uuid4().hex[:8]}" for _ in range(2)]
     named = Counter.options(name=names[0]).remote()
     detached = Counter.options(name=names[1], lifetime="detached").remote()
-    shared = Counter.remote()
-    pids = [rtml.get(h.pid.remote(), timeout=60) for h in (named, detached, shared)]
-    assert rtml.get(bump_via_handle.remote(shared, 2), timeout=60) == 2
-    del named, detached, shared
+    pids = [rtml.get(h.pid.remote(), timeout=60) for h in (named, detached)]
+    del named, detached
     time.sleep(1.0)
-    assert [_exits(pid, timeout=0.1) for pid in pids] == [False, False, False]
+    assert [_exits(pid, timeout=0.1) for pid in pids] == [False, False]
     for name in names:
         rtml.kill(rtml.get_actor(name))
+
+
+def test_an_actor_lent_to_a_task_ends_when_the_task_and_the_creator_are_done() -> None:
+    # Each actor holds one of the 2 CPUs while it lives: were any kept after its handles
+    # were gone, the third would never be placed.
+    for i in range(4):
+        counter = Counter.options(num_cpus=1).remote(i)
+        pid = rtml.get(counter.pid.remote(), timeout=60)
+        assert rtml.get(bump_via_handle.remote(counter, 2), timeout=60) == i + 2
+        del counter
+        assert _exits(pid)
+
+
+def test_a_borrowed_handle_keeps_its_actor_alive_until_the_borrower_is_gone() -> None:
+    counter = Counter.remote()
+    pid = rtml.get(counter.pid.remote(), timeout=60)
+    relay = Relay.remote(counter)  # the relay actor keeps the handle
+    relay_pid = rtml.get(relay.pid.remote(), timeout=60)
+    del counter
+    assert rtml.get(relay.forward.remote(3), timeout=60) == 3
+    assert not _exits(pid, timeout=1.0)
+    assert rtml.get(relay.forward.remote(4), timeout=60) == 7
+    del relay  # the relay ends, and with it the last handle to the counter
+    assert _exits(relay_pid)
+    assert _exits(pid)
+
+
+def test_a_handle_inside_a_put_value_keeps_its_actor_while_the_value_lives() -> None:
+    counter = Counter.remote()
+    pid = rtml.get(counter.pid.remote(), timeout=60)
+    boxed = rtml.put({"counter": counter})
+    del counter
+    assert not _exits(pid, timeout=1.0)
+    again = rtml.get(boxed)["counter"]
+    assert rtml.get(again.incr.remote(5), timeout=60) == 5
+    del again
+    assert not _exits(pid, timeout=1.0)  # the put value still holds it
+    del boxed
+    assert _exits(pid)
+
+
+def test_a_handle_pickled_outside_a_value_keeps_its_actor_to_the_job_end() -> None:
+    # E.g. captured in a function's closure: nothing would let go of it, so it is kept.
+    counter = Counter.remote()
+    pid = rtml.get(counter.pid.remote(), timeout=60)
+    blob = cloudpickle.dumps(counter)
+    del counter
+    assert not _exits(pid, timeout=1.0)
+    assert rtml.get(cloudpickle.loads(blob).incr.remote(), timeout=60) == 1
+    rtml.kill(cloudpickle.loads(blob))
+    assert _exits(pid)
 
 
 @rtml.remote

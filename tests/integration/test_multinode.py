@@ -224,6 +224,40 @@ def test_remote_actor_called_from_two_drivers(three_nodes) -> None:
     rtml.kill(counter)
 
 
+@rtml.remote
+class Keeper:
+    """Keeps a handle to another actor and calls it."""
+
+    def __init__(self, target) -> None:
+        self.target = target
+
+    def add(self, n: int) -> int:
+        return rtml.get(self.target.add.remote(n))
+
+
+def _actor_state(actor_id: str) -> str:
+    plane = rtml.core.context.require_runtime().plane
+    return next(a["state"] for a in plane.list_actors() if a["actor_id"] == actor_id)
+
+
+def test_a_handle_borrowed_on_another_node_keeps_its_actor_until_it_is_dropped(
+        three_nodes) -> None:
+    _, _, node2, node3 = three_nodes
+    counter = Counter.options(num_cpus=0, scheduling_strategy=pinned(node2)).remote()
+    actor_id = counter._actor_id.hex()
+    keeper = Keeper.options(num_cpus=0, scheduling_strategy=pinned(node3)).remote(counter)
+    assert rtml.get(keeper.add.remote(2), timeout=60) == 2
+    del counter  # the keeper's handle, on node3, is the last one
+    time.sleep(1.0)
+    assert rtml.get(keeper.add.remote(3), timeout=60) == 5
+    assert _actor_state(actor_id) == "ALIVE"
+    del keeper
+    deadline = time.monotonic() + 30
+    while _actor_state(actor_id) != "DEAD" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _actor_state(actor_id) == "DEAD"
+
+
 def test_task_errors_from_another_node_name_the_node(three_nodes) -> None:
     _, _, node2, _ = three_nodes
 
