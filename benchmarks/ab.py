@@ -7,7 +7,9 @@ once; the parent then asks them in turn (A B, B A, ...) for one short measuremen
 row, so each pair of answers is taken seconds apart. It prints, per row, the median of
 each side and the median of the per-round ratios new/old, with how many rounds the new
 tree won. A tree is a checkout of the repository (``git worktree add``), whose ``rtml``
-package is put first on ``PYTHONPATH`` (compile it first: ``python -m compileall``).
+package is put first on ``PYTHONPATH`` and which is the working directory of its driver,
+so its cluster's daemons and workers run its code too (compile it first:
+``python -m compileall``).
 
 Rows: ``task|actor sync N`` (median us of N calls, one at a time) and
 ``task|actor burst N`` (calls per second, N submitted 1,000 at a time).
@@ -72,9 +74,13 @@ def main() -> int:
     args = parser.parse_args()
     children = {}
     for side in ("old", "new"):
-        env = dict(os.environ, PYTHONPATH=os.path.abspath(getattr(args, side)))
-        child = subprocess.Popen([sys.executable, __file__, "--serve"], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, text=True, env=env)
+        tree = os.path.abspath(getattr(args, side))
+        # Run in the tree too: the cluster's daemons and workers start with ``python -m``,
+        # which puts the working directory first on sys.path, ahead of PYTHONPATH.
+        env = dict(os.environ, PYTHONPATH=tree)
+        child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve"],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                 env=env, cwd=tree)
         assert child.stdin is not None and child.stdout is not None
         if child.stdout.readline().strip() != "ready":
             raise SystemExit(f"the {side} tree's driver did not start")
