@@ -28,7 +28,7 @@ from rtml.config import INLINE_MAX
 from rtml.core import context
 from rtml.core.memory_store import StoredError
 from rtml.core.runtime import ClientRuntime
-from rtml.core.serialization import deserialize, from_payload, serialize
+from rtml.core.serialization import Serialized, deserialize, from_payload, serialize
 from rtml.exceptions import RtmlError, TaskCancelledError, TaskError
 from rtml.ids import TaskID, object_id_for
 from rtml.rpc import messages as m
@@ -196,25 +196,23 @@ class Executor:
         return value
 
     def _returns(self, spec: m.TaskSpec, value: Any) -> list[m.ReturnObject]:
-        if spec.num_returns == 0:
+        count = spec.num_returns
+        if count == 1:  # the usual case, without the lists below
+            ser = _serialize_return(spec, value)
+            return [self._store_return(spec, object_id_for(TaskID(spec.task_id), 1), ser)]
+        if count == 0:
             return []
-        if spec.num_returns == 1:
-            values = [value]
-        elif isinstance(value, (tuple, list)) and len(value) == spec.num_returns:
-            values = list(value)
-        else:
+        if not isinstance(value, (tuple, list)) or len(value) != count:
             got = len(value) if isinstance(value, (tuple, list)) else "a non-sequence"
-            raise ValueError(f"task {spec.name!r} has num_returns={spec.num_returns} but "
+            raise ValueError(f"task {spec.name!r} has num_returns={count} but "
                              f"returned {got} value(s); return a tuple of exactly "
-                             f"{spec.num_returns} values")
-        try:
-            sers = [serialize(v) for v in values]
-        except TypeError as exc:
-            raise TypeError(f"the return value of {spec.name!r} cannot be pickled: {exc}") from None
+                             f"{count} values")
+        sers = [_serialize_return(spec, v) for v in value]
         return [self._store_return(spec, oid, ser)
                 for oid, ser in zip(return_ids(spec), sers, strict=True)]
 
-    def _store_return(self, spec: m.TaskSpec, object_id: bytes, ser: Any) -> m.ReturnObject:
+    def _store_return(self, spec: m.TaskSpec, object_id: bytes,
+                      ser: Serialized) -> m.ReturnObject:
         if ser.contained:
             self.rt.refs.send_holds(m.AddHolds, [r.id for r in ser.contained], object_id)
         size = ser.size
@@ -320,6 +318,13 @@ def return_ids(spec: m.TaskSpec) -> list[bytes]:
     if spec.num_returns == 1:
         return [object_id_for(task_id, 1)]
     return [object_id_for(task_id, i + 1) for i in range(spec.num_returns)]
+
+
+def _serialize_return(spec: m.TaskSpec, value: Any) -> Serialized:
+    try:
+        return serialize(value)
+    except TypeError as exc:
+        raise TypeError(f"the return value of {spec.name!r} cannot be pickled: {exc}") from None
 
 
 def _error_text(payload: m.Payload) -> str:

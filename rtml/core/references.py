@@ -147,12 +147,13 @@ class ReferenceCounter:
         """Apply every change queued so far, waiting for a drain under way elsewhere."""
         with self._ref_lock:  # a drain under way on another thread sends its holds first
             pass
-        self.process_refops()
+        if self.refops:
+            self.process_refops()
 
     def fence(self) -> None:
         """Block until the holds sent so far on other nodes' objects are in place there."""
-        if not self._unfenced:
-            return
+        if not self._unfenced and not self._fence_lock.locked():
+            return  # (a fence under way may cover holds sent before ours: wait for it)
         with self._fence_lock:
             with self._unfenced_lock:
                 nodes = list(self._unfenced)
