@@ -20,6 +20,8 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import cloudpickle
@@ -38,6 +40,7 @@ log = logging.getLogger(__name__)
 
 
 CUDA_ENV = "CUDA_VISIBLE_DEVICES"
+_NO_KWARGS: Mapping[str, Any] = MappingProxyType({})  # a call's ``**{}`` copies it anyway
 
 
 def set_visible_gpus(gpu_ids: list[int]) -> None:
@@ -161,7 +164,7 @@ class Executor:
             returns = self._exception_returns(spec, exc)
         return self._result(spec, returns, start)
 
-    def _prepare(self, spec: m.TaskSpec) -> tuple[Any, list[Any], dict[str, Any]]:
+    def _prepare(self, spec: m.TaskSpec) -> tuple[Any, Sequence[Any], Mapping[str, Any]]:
         self.current_job = spec.job_id
         if spec.actor_id:
             if self.instance is None or self.actor is None or spec.actor_id != self.actor.actor_id:
@@ -170,7 +173,7 @@ class Executor:
         else:
             function = self.function(spec.function_id)
         if not spec.args:
-            return function, [], {}
+            return function, (), _NO_KWARGS
         values = [self._arg(arg) for arg in spec.args]
         split = len(values) - len(spec.kwarg_names)
         return function, values[:split], dict(zip(spec.kwarg_names, values[split:], strict=True))

@@ -620,7 +620,8 @@ class Reactor:
             due = max(0.0, self._timers[0][0] - time.monotonic())
             timeout = due if timeout is None else min(timeout, due)
         watched = self._watched
-        for fd, events in self._poll(timeout, spin):
+        ready = self._poll(timeout, spin) if spin else self._epoll.poll(timeout)
+        for fd, events in ready:
             conn = watched.get(fd)
             if conn is None:
                 if fd == self._wake_r.fileno():
@@ -634,8 +635,10 @@ class Reactor:
                 self._interest(conn, _READ)
             if events & ~select.EPOLLOUT and not conn.closed:
                 self._guard(conn._on_readable)
-        self._run_calls()
-        if self._timers:
+        if self._calls:
+            self._run_calls()
+        timers = self._timers
+        if timers and timers[0][0] <= time.monotonic():
             self._run_timers(time.monotonic())
         if self._dirty:
             self._flush_dirty()
