@@ -282,7 +282,8 @@ class ActorCaller:
                     and len(self.held) < HOLD_MAX):
                 self.held.append(msg)
                 continue
-            self._send_held()
+            if self.held:
+                self._send_held()
             self.rt.send_ordered(self.conn, msg)
 
     def _send_held(self) -> None:

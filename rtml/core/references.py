@@ -47,6 +47,9 @@ class ReferenceCounter:
         self.rt = runtime
         self.refops: deque[tuple[bytes, int]] = deque()
         """Queued (object id, delta) changes; delta 0 marks a borrow."""
+        self.borrows = 0
+        """Borrows queued so far: a reader that unpickled refs drains them before it lets
+        go of their container (see :meth:`borrowed`)."""
         self._refops_scheduled = False
         self._refops_timer = False
         self._ref_lock = threading.Lock()
@@ -93,6 +96,7 @@ class ReferenceCounter:
             self.locations.setdefault(ref.id, node_id)
         # Queued, not sent at once: whatever unpickled the ref (a get, a task's argument)
         # still holds its container, and drains the queue before letting go of it.
+        self.borrows += 1
         self._queue(ref.id, 0)
 
     def location_of(self, object_id: bytes) -> bytes:

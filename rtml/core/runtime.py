@@ -369,9 +369,10 @@ class ClientRuntime:
         """Values of ``refs`` in order. Raises the stored error, or GetTimeoutError."""
         deadline = None if timeout is None else time.monotonic() + timeout
         self._wait_owned(refs, deadline)
+        borrows = self.refs.borrows
         values = [self._value(r, deadline) for r in refs]
-        if self.refs.refops:
-            self.refs.process_refops()  # holds for refs found inside the values, in one batch
+        if self.refs.borrows != borrows:  # refs found inside the values: hold them now, in
+            self.refs.process_refops()  # one batch (other changes wait for the next drain)
         return values
 
     def _wait_owned(self, refs: list[ObjectRef], deadline: float | None) -> None:

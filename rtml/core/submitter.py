@@ -122,7 +122,10 @@ class TaskSubmitter:
 
         Called without the runtime lock: ``list()`` copies the queues in one step, so a
         queue added meanwhile by another thread cannot break the iteration."""
-        return any(queue.tasks for queue in list(self.queues.values()))
+        for queue in list(self.queues.values()):
+            if queue.tasks:
+                return True
+        return False
 
     # -- submission (user thread, under the runtime lock) ------------------------------------
 
