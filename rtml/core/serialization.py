@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import pickle
 import threading
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import cloudpickle
@@ -23,11 +24,11 @@ from rtml.rpc.messages import Payload
 _tls = threading.local()
 
 
-@dataclass
+@dataclass(slots=True)
 class Serialized:
     inband: bytes
-    buffers: list[pickle.PickleBuffer | memoryview] = field(default_factory=list)
-    contained: list[Any] = field(default_factory=list)  # ObjectRefs found inside
+    buffers: Sequence[pickle.PickleBuffer | memoryview] = ()
+    contained: Sequence[Any] = ()  # ObjectRefs found inside
 
     @property
     def size(self) -> int:

@@ -115,7 +115,7 @@ def _layout(inband_len: int, buffer_lens: Sequence[int]) -> tuple[bytes, _Meta, 
         data_start = needed
 
 
-def write_segment(path: str, inband: bytes, buffers: list) -> int:
+def write_segment(path: str, inband: bytes, buffers: Sequence[Any]) -> int:
     """Write one object to a new file at ``path``; returns the file's size in bytes.
 
     The object is written under a private name and linked to ``path`` only when

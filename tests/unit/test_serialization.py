@@ -19,7 +19,7 @@ def test_plain_values_round_trip_in_band() -> None:
     state = {"params": np.arange(10.0), "obs": np.zeros(4, dtype=np.float32), "step": 3,
              "reward": 1.5, "done": False, "tags": ("a", b"b", None, [1, 2.0, 3j])}
     ser = serialize(state)
-    assert ser.buffers == [] and ser.contained == []
+    assert not ser.buffers and not ser.contained
     back = round_trip(state)
     assert isinstance(back, dict) and back.keys() == state.keys()
     assert np.array_equal(back["params"], state["params"])
