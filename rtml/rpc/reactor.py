@@ -384,9 +384,9 @@ class Reactor:
         finally:
             self._running = False
 
-    def _run_guarded(self, max_wait: float | None, spin: float = 0.0) -> None:
+    def _run_guarded(self, max_wait: float | None, spin_until: float = 0.0) -> None:
         try:
-            self._run_once(max_wait, spin)
+            self._run_once(max_wait, spin_until)
         except Exception:  # the loop must outlive any one bad event
             log.exception("%s: reactor iteration failed", self.name)
 
@@ -412,8 +412,9 @@ class Reactor:
         """Block until ``done`` is set or ``timeout`` passes, leading the loop meanwhile
         if no other waiter does. True if ``done`` was set.
 
-        ``spin``: the answer is due soon (one round trip): as leader, poll for up to
-        ``SPIN`` seconds before the first sleep.
+        ``spin``: the answer is due soon (one round trip): as leader, poll without
+        sleeping for the first ``SPIN`` seconds of the wait (a pass that only runs posted
+        callbacks does not use it up).
 
         An exception meant for this thread while it leads (a signal handler's: Ctrl-C,
         a task's cancellation) is handed to :meth:`interrupt_leader` instead of being
@@ -445,13 +446,12 @@ class Reactor:
                 return done.is_set()
             try:
                 self.thread_id = me
-                spin_for = SPIN if spin else 0.0
+                spin_until = time.perf_counter() + SPIN if spin else 0.0
                 while not done.is_set() and self._running and self._interrupt is None:
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
                         break
-                    self._run_guarded(left, spin_for)
-                    spin_for = 0.0
+                    self._run_guarded(left, spin_until)
             finally:
                 self.thread_id = None
                 self._lead.release()
@@ -610,7 +610,7 @@ class Reactor:
 
     # -- the loop ----------------------------------------------------------------------------
 
-    def _run_once(self, max_wait: float | None = None, spin: float = 0.0) -> None:
+    def _run_once(self, max_wait: float | None = None, spin_until: float = 0.0) -> None:
         if self._idle:  # first thing in every iteration: a busy loop must not starve it
             self._run_idle()
         timeout = max_wait
@@ -620,7 +620,8 @@ class Reactor:
             due = max(0.0, self._timers[0][0] - time.monotonic())
             timeout = due if timeout is None else min(timeout, due)
         watched = self._watched
-        ready = self._poll(timeout, spin) if spin else self._epoll.poll(timeout)
+        ready = (self._poll(timeout, spin_until) if spin_until
+                 else self._epoll.poll(timeout))
         for fd, events in ready:
             conn = watched.get(fd)
             if conn is None:
@@ -643,20 +644,21 @@ class Reactor:
         if self._dirty:
             self._flush_dirty()
 
-    def _poll(self, timeout: float | None, spin: float) -> list[tuple[int, int]]:
-        """epoll's events, waiting at most ``timeout``; polling, not sleeping, for the
-        first ``spin`` seconds of it."""
+    def _poll(self, timeout: float | None, spin_until: float) -> list[tuple[int, int]]:
+        """epoll's events, waiting at most ``timeout``: polling, not sleeping, until
+        ``spin_until`` (a ``perf_counter`` time), then asleep for what is left."""
         poll = self._epoll.poll
-        if spin and timeout != 0:
-            clock = time.perf_counter
-            end = clock() + spin
+        clock = time.perf_counter
+        start = clock()
+        if timeout == 0 or start >= spin_until:
+            return poll(timeout)
+        ready = poll(0)
+        while not ready and clock() < spin_until:
             ready = poll(0)
-            while not ready and clock() < end:
-                ready = poll(0)
-            if ready:
-                return ready
-            if timeout is not None:
-                timeout = max(0.0, timeout - spin)
+        if ready:
+            return ready
+        if timeout is not None:
+            timeout = max(0.0, timeout - (clock() - start))
         return poll(timeout)
 
     def _drain_wake(self) -> None:
