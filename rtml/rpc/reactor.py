@@ -57,13 +57,13 @@ _RECV_SIZE = 1 << 18
 _READ = select.EPOLLIN
 _READ_WRITE = select.EPOLLIN | select.EPOLLOUT
 HANDBACK_GRACE = 0.002
+"""Seconds the background thread leaves the loop idle after a waiter hands it back,
+so that the next ``get`` of a loop of them finds it free; posted callbacks and other
+waiting threads end the grace at once."""
 SPIN = 100e-6
 """Seconds a waiter that asks to spin polls the loop without blocking before it sleeps:
 for a single result, due within tens of microseconds, waking from a sleep costs more
 (the wake-up itself, and the caches the idle CPU lost) than polling until it lands."""
-"""Seconds the background thread leaves the loop idle after a waiter hands it back,
-so that the next ``get`` of a loop of them finds it free; posted callbacks and other
-waiting threads end the grace at once."""
 
 
 def connect_socket(address: str, timeout: float = 10.0) -> socket.socket:
