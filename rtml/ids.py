@@ -26,6 +26,7 @@ _prefix = os.urandom(8)
 _counter = itertools.count(1)
 _pid = os.getpid()
 _INDEX = struct.Struct(">I")
+_FIRST = _INDEX.pack(1)
 
 
 def _reseed_after_fork() -> None:
@@ -44,6 +45,11 @@ def new_task_id() -> TaskID:
 def object_id_for(task_id: TaskID, index: int) -> ObjectID:
     """The id of output ``index`` of ``task_id`` (0 is reserved for ``put``)."""
     return ObjectID(task_id + _INDEX.pack(index))
+
+
+def first_return_id(task_id: bytes) -> ObjectID:
+    """``object_id_for(task_id, 1)``: the return of a task of one, without a call."""
+    return ObjectID(task_id + _FIRST)
 
 
 def task_of(object_id: bytes) -> TaskID:

@@ -30,13 +30,12 @@ def require_runtime() -> ClientRuntime:
     return _runtime
 
 
-def set_current_task(task_id: bytes | None) -> None:
-    _task_id.set(task_id)
+set_current_task = _task_id.set
+"""Set the task (or actor call) running in this thread or asyncio task (a C call: it
+runs twice per task)."""
 
-
-def current_task() -> bytes | None:
-    """The task (or actor call) running in this thread or asyncio task, if any."""
-    return _task_id.get()
+current_task = _task_id.get
+"""The task (or actor call) running in this thread or asyncio task, if any."""
 
 
 _actor_id: bytes | None = None

@@ -1,6 +1,6 @@
 """The worker's side of a task: resolve arguments, run user code, send results back.
 
-    PushTask --> Executor.on_push --inline (tasks, sync actors)--> execute --> TaskResult
+    PushTask --> Executor.push --inline (tasks, sync actors)--> execute --> TaskResult
                                  --thread pool (max_concurrency > 1)-------^
                                  --asyncio loop thread (async actors)------^
 
@@ -32,7 +32,7 @@ from rtml.core.memory_store import StoredError
 from rtml.core.runtime import ClientRuntime
 from rtml.core.serialization import Serialized, deserialize, from_payload, serialize
 from rtml.exceptions import RtmlError, TaskCancelledError, TaskError
-from rtml.ids import TaskID, object_id_for
+from rtml.ids import TaskID, first_return_id, object_id_for
 from rtml.rpc import messages as m
 from rtml.rpc.reactor import Connection
 
@@ -66,6 +66,10 @@ class Executor:
         self.cancelled: set[bytes] = set()
         self.instance: Any = None
         self.actor: m.ActorSpec | None = None
+        self.actor_id = b""  # this worker's actor, once it is one
+        self.push = self._run_and_reply
+        """Runs or dispatches a call, by the kind of worker: inline (tasks, one-at-a-time
+        actors), on the thread pool (threaded actors) or on the event loop (async actors)."""
         self.pool: concurrent.futures.ThreadPoolExecutor | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._inbox: list[tuple[Connection, m.TaskSpec]] = []  # calls for the loop
@@ -79,19 +83,19 @@ class Executor:
 
     # -- dispatch ----------------------------------------------------------------------------
 
-    def on_push(self, conn: Connection, spec: m.TaskSpec) -> None:
-        if self.loop is not None:
-            # One wake-up of the loop per burst, not a Future and a wake-up per call.
-            with self._inbox_lock:
-                self._inbox.append((conn, spec))
-                if self._inbox_posted:
-                    return
-                self._inbox_posted = True
-            self.loop.call_soon_threadsafe(self._start_calls)
-        elif self.pool is not None:
-            self.pool.submit(self._run_and_reply, conn, spec)
-        else:
-            self._run_and_reply(conn, spec)
+    def _push_to_loop(self, conn: Connection, spec: m.TaskSpec) -> None:
+        assert self.loop is not None
+        # One wake-up of the loop per burst, not a Future and a wake-up per call.
+        with self._inbox_lock:
+            self._inbox.append((conn, spec))
+            if self._inbox_posted:
+                return
+            self._inbox_posted = True
+        self.loop.call_soon_threadsafe(self._start_calls)
+
+    def _push_to_pool(self, conn: Connection, spec: m.TaskSpec) -> None:
+        assert self.pool is not None
+        self.pool.submit(self._run_and_reply, conn, spec)
 
     def _run_and_reply(self, conn: Connection, spec: m.TaskSpec) -> None:
         try:
@@ -167,7 +171,7 @@ class Executor:
     def _prepare(self, spec: m.TaskSpec) -> tuple[Any, Sequence[Any], Mapping[str, Any]]:
         self.current_job = spec.job_id
         if spec.actor_id:
-            if self.instance is None or self.actor is None or spec.actor_id != self.actor.actor_id:
+            if spec.actor_id != self.actor_id:
                 raise RtmlError(f"this worker is not actor {spec.actor_id.hex()}")
             function = getattr(self.instance, spec.method)
         else:
@@ -202,7 +206,11 @@ class Executor:
         count = spec.num_returns
         if count == 1:  # the usual case, without the lists below
             ser = _serialize_return(spec, value)
-            return [self._store_return(spec, object_id_for(TaskID(spec.task_id), 1), ser)]
+            object_id = first_return_id(spec.task_id)
+            inband = ser.inband
+            if not ser.buffers and not ser.contained and len(inband) <= INLINE_MAX:
+                return [m.ReturnObject(object_id, m.Payload(inband), len(inband))]
+            return [self._store_return(spec, object_id, ser)]
         if count == 0:
             return []
         if not isinstance(value, (tuple, list)) or len(value) != count:
@@ -279,6 +287,7 @@ class Executor:
     def become_actor(self, spec: m.ActorSpec, gpu_ids: list[int]) -> str:
         """Construct the actor; return the constructor's error text, or ''."""
         self.actor = spec
+        self.actor_id = spec.actor_id
         set_visible_gpus(gpu_ids)  # for its whole life: its methods never change it
         context.set_actor(spec.actor_id)
         for path in spec.sys_paths:
@@ -296,9 +305,11 @@ class Executor:
             return str(self.rt.task_error(f"{spec.class_name}.__init__", exc))
         if spec.is_async:
             self._start_loop(spec.max_concurrency)
+            self.push = self._push_to_loop
         elif spec.max_concurrency > 1:
             self.pool = concurrent.futures.ThreadPoolExecutor(spec.max_concurrency,
                                                               thread_name_prefix="rtml-actor")
+            self.push = self._push_to_pool
         return ""
 
     def _start_loop(self, max_concurrency: int) -> None:

@@ -144,8 +144,10 @@ class ReferenceCounter:
         thread may be applying changes, or fencing holds, that include this task's:
         both are waited for (under their locks), so the guarantee holds per task.
         """
-        self.drain()
-        self.fence()
+        if self.refops or self._ref_lock.locked():  # (changes are sent under the lock)
+            self.drain()
+        if self._unfenced or self._fence_lock.locked():
+            self.fence()
 
     def drain(self) -> None:
         """Apply every change queued so far, waiting for a drain under way elsewhere."""
@@ -156,9 +158,7 @@ class ReferenceCounter:
 
     def fence(self) -> None:
         """Block until the holds sent so far on other nodes' objects are in place there."""
-        if not self._unfenced and not self._fence_lock.locked():
-            return  # (a fence under way may cover holds sent before ours: wait for it)
-        with self._fence_lock:
+        with self._fence_lock:  # (a fence under way may cover holds sent before ours)
             with self._unfenced_lock:
                 nodes = list(self._unfenced)
                 self._unfenced.clear()

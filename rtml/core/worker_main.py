@@ -80,8 +80,8 @@ class TaskServer:
         self.reactor.add(owner)
 
     def _on_message(self, conn: Connection, msg: Any) -> None:
-        if isinstance(msg, m.PushTask):
-            self.executor.on_push(conn, msg.spec)
+        if type(msg) is m.PushTask:
+            self.executor.push(conn, msg.spec)
         else:
             log.warning("unexpected %s from an owner", type(msg).__name__)
 
