@@ -1,12 +1,15 @@
 """Paired A/B of two rtml source trees, resistant to this machine's drifting speed.
 
-    python benchmarks/ab.py OLD_TREE NEW_TREE [--rounds 16] [--rows "actor sync 400,..."]
+    python benchmarks/ab.py OLD_TREE NEW_TREE [--rounds 16] [--sessions 4]
+                            [--rows "actor sync 400,..."]
 
-Each tree runs in its own driver process with its own embedded cluster, both started
-once; the parent then asks them in turn (A B, B A, ...) for one short measurement of a
-row, so each pair of answers is taken seconds apart. It prints, per row, the median of
-each side and the median of the per-round ratios new/old, with how many rounds the new
-tree won. A tree is a checkout of the repository (``git worktree add``), whose ``rtml``
+Each tree runs in its own driver process with its own embedded cluster; the parent asks
+them in turn (A B, B A, ...) for one short measurement of a row, so each pair of answers
+is taken seconds apart. The rounds are split over ``--sessions`` pairs of fresh clusters:
+one pair's processes land on the cores as they happen to, and that luck lasts for the
+pair's life (one pair once read 1/14 rounds won, the next 9/12, for the same two trees).
+It prints, per row, the median of each side and the median of the per-round ratios
+new/old, with how many rounds the new tree won. A tree is a checkout of the repository (``git worktree add``), whose ``rtml``
 package is put first on ``PYTHONPATH`` and which is the working directory of its driver,
 so its cluster's daemons and workers run its code too (compile it first:
 ``python -m compileall``).
@@ -70,48 +73,60 @@ def main() -> int:
     parser.add_argument("old", help="source tree A (the baseline)")
     parser.add_argument("new", help="source tree B")
     parser.add_argument("--rounds", type=int, default=16)
+    parser.add_argument("--sessions", type=int, default=4,
+                        help="pairs of fresh clusters the rounds are split over")
     parser.add_argument("--rows", default=ROWS, help=f"comma-separated (default: {ROWS})")
     args = parser.parse_args()
-    children = {}
-    for side in ("old", "new"):
-        tree = os.path.abspath(getattr(args, side))
-        # Run in the tree too: the cluster's daemons and workers start with ``python -m``,
-        # which puts the working directory first on sys.path, ahead of PYTHONPATH.
-        env = dict(os.environ, PYTHONPATH=tree)
-        child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve"],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                 env=env, cwd=tree)
-        assert child.stdin is not None and child.stdout is not None
-        if child.stdout.readline().strip() != "ready":
-            raise SystemExit(f"the {side} tree's driver did not start")
-        children[side] = child
-
-    def ask(side: str, row: str) -> float:
-        child = children[side]
-        assert child.stdin is not None and child.stdout is not None
-        child.stdin.write(row + "\n")
-        child.stdin.flush()
-        return float(child.stdout.readline())
-
-    print(f"A/B {args.old} -> {args.new}, {args.rounds} rounds, load {os.getloadavg()[0]:.2f}")
-    for row in args.rows.split(","):
-        got: dict[str, list[float]] = {"old": [], "new": []}
-        for r in range(args.rounds):
-            for side in (("old", "new") if r % 2 == 0 else ("new", "old")):
-                got[side].append(ask(side, row))
-        ratios = [n / o for n, o in zip(got["new"], got["old"], strict=True)]
+    rows = args.rows.split(",")
+    sessions = max(1, min(args.sessions, args.rounds))
+    print(f"A/B {args.old} -> {args.new}, {args.rounds} rounds in {sessions} sessions, "
+          f"load {os.getloadavg()[0]:.2f}")
+    got: dict[str, dict[str, list[float]]] = {row: {"old": [], "new": []} for row in rows}
+    for session in range(sessions):
+        rounds = args.rounds // sessions + (session < args.rounds % sessions)
+        sides = ("old", "new") if session % 2 == 0 else ("new", "old")
+        children = {side: _start(getattr(args, side), side) for side in sides}
+        for row in rows:
+            for r in range(rounds):
+                for side in sides if r % 2 == 0 else sides[::-1]:
+                    got[row][side].append(_ask(children[side], row))
+        for child in children.values():
+            assert child.stdin is not None
+            child.stdin.close()
+            child.wait()
+    for row in rows:
+        old, new = got[row]["old"], got[row]["new"]
+        ratios = [n / o for n, o in zip(new, old, strict=True)]
         latency = " sync " in f" {row} "
         wins = sum((x < 1) if latency else (x > 1) for x in ratios)
         unit = "us" if latency else "/s"
-        print(f"{row:18s} old {statistics.median(got['old']):9.1f} {unit}  "
-              f"new {statistics.median(got['new']):9.1f} {unit}  "
+        print(f"{row:18s} old {statistics.median(old):9.1f} {unit}  "
+              f"new {statistics.median(new):9.1f} {unit}  "
               f"new/old {statistics.median(ratios):.3f}  (new better in {wins}/{args.rounds})",
               flush=True)
-    for child in children.values():
-        assert child.stdin is not None
-        child.stdin.close()
-        child.wait()
     return 0
+
+
+def _start(tree: str, side: str) -> subprocess.Popen[str]:
+    """A driver serving measurements of ``tree``, its cluster up and warm."""
+    tree = os.path.abspath(tree)
+    # Run in the tree too: the cluster's daemons and workers start with ``python -m``,
+    # which puts the working directory first on sys.path, ahead of PYTHONPATH.
+    env = dict(os.environ, PYTHONPATH=tree)
+    child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                             env=env, cwd=tree)
+    assert child.stdin is not None and child.stdout is not None
+    if child.stdout.readline().strip() != "ready":
+        raise SystemExit(f"the {side} tree's driver did not start")
+    return child
+
+
+def _ask(child: subprocess.Popen[str], row: str) -> float:
+    assert child.stdin is not None and child.stdout is not None
+    child.stdin.write(row + "\n")
+    child.stdin.flush()
+    return float(child.stdout.readline())
 
 
 if __name__ == "__main__":
