@@ -8,6 +8,7 @@ reads it), or left pending until the owner's own task produces it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from rtml.config import INLINE_MAX
@@ -23,8 +24,8 @@ if TYPE_CHECKING:
 class BuiltArgs:
     __slots__ = ("args", "kwarg_names", "keep_alive", "pending", "contained", "error")
 
-    def __init__(self, kwarg_names: list[str]) -> None:
-        self.args: list[m.TaskArg] = []
+    def __init__(self, kwarg_names: tuple[str, ...]) -> None:
+        self.args: tuple[m.TaskArg, ...] = ()
         self.kwarg_names = kwarg_names
         self.keep_alive: list[Any] = []  # refs the task needs until it ends
         self.pending: list[tuple[int, ObjectRef]] = []  # owned refs not produced yet
@@ -34,25 +35,27 @@ class BuiltArgs:
 
 def build_args(rt: ClientRuntime, args: tuple[Any, ...], kwargs: dict[str, Any]) -> BuiltArgs:
     """Serialize arguments. Raises TypeError naming an unpicklable argument."""
-    built = BuiltArgs(list(kwargs) if kwargs else [])
-    if not args and not kwargs:
-        return built
-    for position, value in enumerate((*args, *kwargs.values())):
-        label = (f"argument {position}" if position < len(args)
-                 else f"keyword argument {built.kwarg_names[position - len(args)]!r}")
-        built.args.append(_one(rt, built, position, value, label))
+    built = BuiltArgs(tuple(kwargs) if kwargs else ())
+    if args or kwargs:
+        built.args = tuple([_one(rt, built, position, value, len(args))
+                            for position, value in enumerate((*args, *kwargs.values()))])
     return built
 
 
+def _label(position: int, positional: int, kwarg_names: Sequence[str]) -> str:
+    return (f"argument {position}" if position < positional
+            else f"keyword argument {kwarg_names[position - positional]!r}")
+
+
 def _one(rt: ClientRuntime, built: BuiltArgs, position: int, value: Any,
-         label: str) -> m.TaskArg:
+         positional: int) -> m.TaskArg:
     if isinstance(value, ObjectRef):
         built.keep_alive.append(value)
         return _ref_arg(rt, built, position, value)
     try:
         ser = serialize(value)
     except TypeError as exc:
-        raise TypeError(f"{label}: {exc}") from None
+        raise TypeError(f"{_label(position, positional, built.kwarg_names)}: {exc}") from None
     built.contained += [r.id for r in ser.contained]
     built.keep_alive += ser.contained
     if ser.size <= INLINE_MAX:

@@ -43,7 +43,7 @@ CUDA_ENV = "CUDA_VISIBLE_DEVICES"
 _NO_KWARGS: Mapping[str, Any] = MappingProxyType({})  # a call's ``**{}`` copies it anyway
 
 
-def set_visible_gpus(gpu_ids: list[int]) -> None:
+def set_visible_gpus(gpu_ids: Sequence[int]) -> None:
     """Show user code exactly the GPUs of its lease (none: the variable is removed)."""
     if gpu_ids:
         os.environ[CUDA_ENV] = ",".join(str(i) for i in gpu_ids)
@@ -77,7 +77,7 @@ class Executor:
         self._inbox_posted = False  # a _start_calls is on its way to the loop
         self._running_calls: set[asyncio.Task[None]] = set()  # the loop keeps only weak refs
         self.semaphore: asyncio.Semaphore | None = None
-        self.visible_gpus: list[int] | None = None  # as last set; None: not set yet
+        self.visible_gpus: Sequence[int] | None = None  # as last set; None: not set yet
         self.pid = os.getpid()  # for every result: getpid is a syscall each time
         signal.signal(signal.SIGUSR1, self._on_cancel_signal)
 
@@ -202,25 +202,25 @@ class Executor:
             raise _Failed(serialize(value).to_payload(is_error=True))
         return value
 
-    def _returns(self, spec: m.TaskSpec, value: Any) -> list[m.ReturnObject]:
+    def _returns(self, spec: m.TaskSpec, value: Any) -> tuple[m.ReturnObject, ...]:
         count = spec.num_returns
         if count == 1:  # the usual case, without the lists below
             ser = _serialize_return(spec, value)
             object_id = first_return_id(spec.task_id)
             inband = ser.inband
             if not ser.buffers and not ser.contained and len(inband) <= INLINE_MAX:
-                return [m.ReturnObject(object_id, m.Payload(inband), len(inband))]
-            return [self._store_return(spec, object_id, ser)]
+                return (m.ReturnObject(object_id, m.Payload(inband), len(inband)),)
+            return (self._store_return(spec, object_id, ser),)
         if count == 0:
-            return []
+            return ()
         if not isinstance(value, (tuple, list)) or len(value) != count:
             got = len(value) if isinstance(value, (tuple, list)) else "a non-sequence"
             raise ValueError(f"task {spec.name!r} has num_returns={count} but "
                              f"returned {got} value(s); return a tuple of exactly "
                              f"{count} values")
         sers = [_serialize_return(spec, v) for v in value]
-        return [self._store_return(spec, oid, ser)
-                for oid, ser in zip(return_ids(spec), sers, strict=True)]
+        return tuple([self._store_return(spec, oid, ser)
+                      for oid, ser in zip(return_ids(spec), sers, strict=True)])
 
     def _store_return(self, spec: m.TaskSpec, object_id: bytes,
                       ser: Serialized) -> m.ReturnObject:
@@ -234,7 +234,8 @@ class Executor:
                                     holder=spec.owner_id if local else spec.owner_node)
         return m.ReturnObject(object_id, None, size)
 
-    def _exception_returns(self, spec: m.TaskSpec, exc: BaseException) -> list[m.ReturnObject]:
+    def _exception_returns(self, spec: m.TaskSpec,
+                           exc: BaseException) -> tuple[m.ReturnObject, ...]:
         error = exc if isinstance(exc, TaskError) else self.rt.task_error(spec.name, exc)
         try:
             payload = serialize(StoredError(error)).to_payload(True)
@@ -245,15 +246,17 @@ class Executor:
         return self._error_returns(spec, payload)
 
     def _plain_error_returns(self, spec: m.TaskSpec,
-                             exc: BaseException) -> list[m.ReturnObject]:
+                             exc: BaseException) -> tuple[m.ReturnObject, ...]:
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         error = TaskError(spec.name, text, None, os.getpid(), self.rt.node_id.hex())
         return self._error_returns(spec, serialize(StoredError(error)).to_payload(True))
 
-    def _error_returns(self, spec: m.TaskSpec, payload: m.Payload) -> list[m.ReturnObject]:
-        return [m.ReturnObject(oid, payload, len(payload.data), True) for oid in return_ids(spec)]
+    def _error_returns(self, spec: m.TaskSpec,
+                       payload: m.Payload) -> tuple[m.ReturnObject, ...]:
+        return tuple([m.ReturnObject(oid, payload, len(payload.data), True)
+                      for oid in return_ids(spec)])
 
-    def _result(self, spec: m.TaskSpec, returns: list[m.ReturnObject],
+    def _result(self, spec: m.TaskSpec, returns: tuple[m.ReturnObject, ...],
                 start: float) -> m.TaskResult:
         return m.TaskResult(spec.task_id, returns, start, time.time(), self.pid, self.rt.node_id)
 
@@ -284,7 +287,7 @@ class Executor:
 
     # -- actors ------------------------------------------------------------------------------
 
-    def become_actor(self, spec: m.ActorSpec, gpu_ids: list[int]) -> str:
+    def become_actor(self, spec: m.ActorSpec, gpu_ids: Sequence[int]) -> str:
         """Construct the actor; return the constructor's error text, or ''."""
         self.actor = spec
         self.actor_id = spec.actor_id

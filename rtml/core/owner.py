@@ -100,8 +100,10 @@ class TaskOwner:
                     error = entry
                 else:
                     error = None
-                    record.spec.args[index] = resolved_arg(ref, entry,
-                                                           rt.refs.location_of(ref.id))
+                    args = record.spec.args
+                    record.spec.args = (*args[:index],
+                                        resolved_arg(ref, entry, rt.refs.location_of(ref.id)),
+                                        *args[index + 1:])
                     record.deps -= 1
                     if record.spec.actor_id:
                         self.caller(record.spec.actor_id, record.max_retries).flush()
@@ -207,7 +209,7 @@ class TaskOwner:
         with rt.lock:
             for record, _ in finished:
                 records.pop(record.spec.task_id, None)
-                record.keep_alive.clear()
+                record.keep_alive = ()
         submit = rt.writer.submit_task
         for record, outcome in finished:
             if record.has_contained:

@@ -12,7 +12,7 @@ from rtml.core.arguments import build_args
 from rtml.core.object_ref import ObjectRef
 from rtml.core.options import TASK_OPTIONS, check_options, strategy_of
 from rtml.core.submitter import TaskRecord
-from rtml.ids import new_task_id, object_id_for
+from rtml.ids import first_return_id, new_task_id, object_id_for
 from rtml.rpc import messages as m
 from rtml.scheduler.resources import Shape, shape_key, task_shape
 
@@ -53,15 +53,16 @@ def submit_call(rt: ClientRuntime, *, name: str, function_id: bytes, args: tuple
     ``keep``: held until the call is answered (an actor's life: see ActorLives).
     """
     built = build_args(rt, args, kwargs)
+    keep_alive = built.keep_alive
     if keep is not None:
-        built.keep_alive.append(keep)
+        keep_alive.append(keep)
     task_id = new_task_id()
-    return_ids = ([object_id_for(task_id, 1)] if num_returns == 1 else
-                  [object_id_for(task_id, i + 1) for i in range(num_returns)])
+    return_ids = ((first_return_id(task_id),) if num_returns == 1 else
+                  tuple([object_id_for(task_id, i + 1) for i in range(num_returns)]))
     spec = m.TaskSpec(task_id, rt.job_id, name, function_id, built.args, built.kwarg_names,
                       num_returns, rt.client_id, actor_id=actor_id, method=method,
                       owner_node=rt.node_id)
-    record = TaskRecord(spec, shape, max_retries, retry_exceptions, built.keep_alive,
+    record = TaskRecord(spec, shape, max_retries, retry_exceptions, keep_alive or (),
                         return_ids, has_contained=bool(built.contained), key=key,
                         parent=context.current_task())
     if built.contained:

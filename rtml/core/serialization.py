@@ -38,8 +38,8 @@ class Serialized:
 
     def to_payload(self, is_error: bool = False) -> Payload:
         if not self.buffers:
-            return Payload(self.inband, [], is_error)
-        return Payload(self.inband, [bytes(_raw(b)) for b in self.buffers], is_error)
+            return Payload(self.inband, (), is_error)
+        return Payload(self.inband, tuple([bytes(_raw(b)) for b in self.buffers]), is_error)
 
 
 def _raw(buf: pickle.PickleBuffer | memoryview) -> memoryview:
@@ -131,7 +131,7 @@ def note_contained(ref: Any) -> None:
         contained.append(ref)
 
 
-def deserialize(inband: bytes | memoryview, buffers: list[Any]) -> Any:
+def deserialize(inband: bytes | memoryview, buffers: Sequence[Any]) -> Any:
     """Inverse of :func:`serialize`; buffers may be read-only shared memory."""
     value = pickle.loads(inband, buffers=buffers)
     if isinstance(value, _ArrowData):

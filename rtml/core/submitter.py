@@ -50,7 +50,7 @@ class TaskRecord:
     shape: Shape
     max_retries: int
     retry_exceptions: Any
-    keep_alive: list[Any]  # ObjectRefs the arguments need until the task ends
+    keep_alive: Sequence[Any]  # ObjectRefs the arguments need until the task ends
     return_ids: Sequence[bytes]
     has_contained: bool = False
     key: tuple[Any, ...] = ()  # shape_key(shape), computed once per remote function
@@ -70,7 +70,7 @@ class LeasedWorker:
     key: tuple[Any, ...]
     nm: Connection  # the node manager that granted the lease
     node_id: bytes
-    gpu_ids: list[int] = field(default_factory=list)
+    gpu_ids: tuple[int, ...] = ()
     inflight: dict[bytes, TaskRecord] = field(default_factory=dict)
     solo: int = 0  # in-flight tasks pushed alone
     idle_since: float = 0.0

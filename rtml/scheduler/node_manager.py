@@ -333,8 +333,8 @@ class NodeManager(Service):
             return
         worker.address, worker.tcp_address = msg.address, msg.tcp_address
         if worker.actor_id:
-            gpus = list(self.actor_gpus.get(worker.actor_id, ()))
-            peer.send(m.BecomeActor(self.actor_specs[worker.actor_id], gpus))
+            peer.send(m.BecomeActor(self.actor_specs[worker.actor_id],
+                                    self.actor_gpus.get(worker.actor_id, ())))
         else:
             self._run(self.sched.worker_ready(worker.worker_id))
 
@@ -409,7 +409,7 @@ class NodeManager(Service):
                 address = worker.tcp_address if remote else worker.address
                 command.client.send(m.LeaseGranted(command.req_id, command.lease_id,
                                                    command.worker_id, address,
-                                                   list(command.gpu_ids)))
+                                                   command.gpu_ids))
                 if self.spill_of:
                     self._withdraw_spill(command.client, command.req_id)
             elif isinstance(command, StartWorker):

@@ -98,20 +98,20 @@ def test_protocol_error_is_an_rtml_error() -> None:
 def _spec() -> m.TaskSpec:
     return m.TaskSpec(
         task_id=b"t" * 16, job_id=b"j" * 4, name="mod.f", function_id=b"f" * 20,
-        args=[m.TaskArg(value=m.Payload(b"data", [b"buf1", b"buf2"])),
-              m.TaskArg(object_id=b"o" * 24)],
-        kwarg_names=["k"], num_returns=2, owner_id=b"w" * 16, attempt=1)
+        args=(m.TaskArg(value=m.Payload(b"data", (b"buf1", b"buf2"))),
+              m.TaskArg(object_id=b"o" * 24)),
+        kwarg_names=("k",), num_returns=2, owner_id=b"w" * 16, attempt=1, gpu_ids=(0, 1))
 
 
 SAMPLES = [
     m.Hello("tok", m.PROTOCOL_VERSION, "driver", b"c" * 16, 123, b"j" * 4, ["/a", "/b"]),
     m.HelloReply(True, "", b"n" * 16, {"store_namespace": "abc"}),
     m.PushTask(_spec()),
-    m.TaskResult(b"t" * 16, [m.ReturnObject(b"o" * 24, m.Payload(b"v"), 1),
-                             m.ReturnObject(b"p" * 24, None, 4096, is_error=True)],
+    m.TaskResult(b"t" * 16, (m.ReturnObject(b"o" * 24, m.Payload(b"v"), 1),
+                             m.ReturnObject(b"p" * 24, None, 4096, is_error=True)),
                  1.5, 2.5, 99, b"n" * 16, cancelled=True),
     m.RequestLease(7, {"CPU": 1.0, "GPU": 0.5, "custom": 2.0}),
-    m.LeaseGranted(7, 3, b"w" * 16, "unix:/tmp/x.sock"),
+    m.LeaseGranted(7, 3, b"w" * 16, "unix:/tmp/x.sock", (1,)),
     m.LeaseFailed(7, "infeasible"),
     m.ReturnLease(3),
     m.WorkerBlocked(),
@@ -124,9 +124,9 @@ SAMPLES = [
     m.CancelTask(b"t" * 16, b"w" * 16, True),
     m.StoreStats(1),
     m.StoreStatsReply(1, {"num_objects": 2, "used_bytes": 10}),
-    m.BecomeActor(m.ActorSpec(b"a" * 16, b"j" * 4, b"w" * 16, b"c" * 20, "Counter", [],
-                              [], {"CPU": 1.0}, {}, max_restarts=1, name="n",
-                              namespace="ns", detached=True)),
+    m.BecomeActor(m.ActorSpec(b"a" * 16, b"j" * 4, b"w" * 16, b"c" * 20, "Counter", (),
+                              (), {"CPU": 1.0}, {}, max_restarts=1, name="n",
+                              namespace="ns", detached=True), (2,)),
     m.ActorInfo(4, b"a" * 16, "ALIVE", "unix:/x", "", None),
     m.KillActor(b"a" * 16, no_restart=False),
     m.ClusterInfo(9, [{"NodeID": "ab", "Alive": True}]),
@@ -167,11 +167,19 @@ def test_decoding_garbage_raises() -> None:
 
 def test_messages_decoded_and_built_are_not_tracked_by_the_collector() -> None:
     import gc
-    spec = m.TaskSpec(b"t" * 16, b"job", "f", b"", [m.TaskArg(value=m.Payload(b"x"))], [], 1,
+    spec = m.TaskSpec(b"t" * 16, b"job", "f", b"", (m.TaskArg(value=m.Payload(b"x")),), (), 1,
                       b"o" * 16)
     pushed = m.decode(m.encode(m.PushTask(spec)))
     assert isinstance(pushed, m.PushTask) and pushed.spec == spec
-    for value in (spec, spec.args[0], spec.args[0].value, pushed, pushed.spec,
-                  m.TaskResult(b"t" * 16, [m.ReturnObject(b"r", m.Payload(b"v"))], 0.0, 0.0,
-                               1, b"n")):
+    result = m.TaskResult(b"t" * 16, (m.ReturnObject(b"r", m.Payload(b"v")),), 0.0, 0.0, 1,
+                          b"n")
+    for value in (spec, spec.args[0], spec.args[0].value, pushed, pushed.spec, result):
         assert not gc.is_tracked(value), type(value).__name__
+    # A task's sequences, decoded or defaulted, are tuples: an empty one is shared and
+    # untracked (a list is always tracked, and the collector walks it).
+    plain = m.decode(m.encode(m.PushTask(m.TaskSpec(b"t" * 16, b"job", "f", b"", (), (), 1,
+                                                    b"o" * 16, gpu_ids=(0,)))))
+    assert isinstance(plain, m.PushTask)
+    assert type(plain.spec.gpu_ids) is tuple and plain.spec.gpu_ids == (0,)
+    for seq in (plain.spec.args, plain.spec.kwarg_names, spec.gpu_ids, m.Payload(b"v").buffers):
+        assert type(seq) is tuple and not seq and not gc.is_tracked(seq)
