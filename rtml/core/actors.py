@@ -2,7 +2,8 @@
 
     Cls.remote() --CreateActor--> head service --StartActor--> node manager --> dedicated worker
     handle.m.remote() -> ActorCaller queue --(address from head, once)--> PushTask to the worker
-                         (pipelined calls to a one-at-a-time actor: written in batches)
+                         (connected, nothing ahead of it: sent at once, past the queue;
+                          pipelined calls to a one-at-a-time actor: written in batches)
     connection lost -> in-flight calls retried (max_task_retries) or ActorDiedError;
                        the next call asks the head again (it answers after a restart, or DEAD)
     last handle gone, anywhere, and the calls made through them answered (unnamed, not
@@ -249,13 +250,23 @@ class ActorCaller:
         self.sequential = False  # runs one call at a time: not threaded, not async
         self.held: list[m.PushTask] = []  # calls in flight but not yet written (see flush)
 
-    def call(self, record: TaskRecord) -> None:
-        """Queue a ready call (under the runtime lock) and push what can go."""
+    def call(self, record: TaskRecord) -> Connection | None:
+        """Take a call (under the runtime lock): queue it and push what can go, or, if
+        nothing is ahead of it, return the connection to send it on at once, after the
+        lock. (Unordered with another thread's call meanwhile, as concurrent calls are;
+        after every call whose ``remote()`` returned before it, as each was sent by then
+        or is ahead of it in the queue.)"""
         if self.dead_error:
             self.rt.reactor.call_soon(self._fail, record)
-            return
+            return None
+        conn = self.conn
+        if (conn is not None and not record.deps and not self.queue and not self.held
+                and not (self.sequential and len(self.inflight) >= HOLD_AFTER)):
+            self.inflight[record.spec.task_id] = record
+            return conn
         self.queue.append(record)
         self.flush()
+        return None
 
     def flush(self) -> None:
         """Send the ready calls at the head of the queue (under the runtime lock).
@@ -344,7 +355,8 @@ class ActorCaller:
                 record = inflight.pop(msg.task_id, None) if isinstance(msg, m.TaskResult) else None
                 if record is not None:
                     done.append((record, msg))
-            self._send_held()  # calls ended: the held ones can start
+            if self.held:  # calls ended: the held ones can start
+                self._send_held()
         if done:
             self.rt.owner.complete_tasks(done)
 

@@ -34,6 +34,7 @@ from rtml.rpc import messages as m
 if TYPE_CHECKING:
     from rtml.core.object_ref import ObjectRef
     from rtml.core.runtime import ClientRuntime
+    from rtml.rpc.reactor import Connection
 
 _Outcome = tuple[TaskRecord, "m.TaskResult | dict[str, Any]"]
 """A done task, with its result or (if it failed here) its outcome record."""
@@ -62,6 +63,7 @@ class TaskOwner:
                                   f"call rtml.shutdown() and rtml.init() again")
         # Reference changes queued meanwhile are applied when finished tasks are settled,
         # before unreferenced returns are freed, and by get/wait: not once per submission.
+        direct: Connection | None = None  # an actor's: the call goes at once, on it
         with rt.lock:
             rt.submitter.records[spec.task_id] = record
             record.deps = len(pending)
@@ -74,9 +76,11 @@ class TaskOwner:
                     else:
                         rt.store.add_waiter(ref.id, ready)
                 if spec.actor_id:
-                    self.caller(spec.actor_id, record.max_retries).call(record)
+                    direct = self.caller(spec.actor_id, record.max_retries).call(record)
                 elif not record.deps:
                     rt.submitter.enqueue(record)
+        if direct is not None:
+            direct.send(m.PushTask(spec))
         for ready, object_id in arrived:
             ready(object_id)
         rt.flush_sends()

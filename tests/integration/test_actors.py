@@ -122,6 +122,22 @@ def test_actor_calls_run_in_order() -> None:
     assert rtml.get(c.get.remote()) == 30
 
 
+@rtml.remote
+def later(seconds: float, value: int) -> int:
+    time.sleep(seconds)
+    return value
+
+
+def test_a_ready_call_does_not_overtake_one_waiting_for_its_argument() -> None:
+    # Once connected, a call with nothing ahead of it is sent at once; one submitted
+    # after a call still waiting for its argument must wait behind it.
+    c = Counter.remote()
+    assert rtml.get(c.incr.remote(1), timeout=60) == 1
+    first = c.incr.remote(later.remote(0.5, 10))
+    second = c.incr.remote(100)
+    assert rtml.get([first, second], timeout=60) == [11, 111]
+
+
 def test_actor_constructor_args_and_own_process() -> None:
     c = Counter.remote(100)
     assert rtml.get(c.incr.remote(5), timeout=60) == 105
