@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from rtml.config import INLINE_MAX
 from rtml.core.object_ref import ObjectRef
-from rtml.core.serialization import serialize
+from rtml.core.serialization import plain_payload, serialize
 from rtml.ids import task_of
 from rtml.rpc import messages as m
 
@@ -49,6 +49,9 @@ def _label(position: int, positional: int, kwarg_names: Sequence[str]) -> str:
 
 def _one(rt: ClientRuntime, built: BuiltArgs, position: int, value: Any,
          positional: int) -> m.TaskArg:
+    payload = plain_payload(value)
+    if payload is not None:
+        return m.TaskArg(payload)
     if isinstance(value, ObjectRef):
         built.keep_alive.append(value)
         return _ref_arg(rt, built, position, value)

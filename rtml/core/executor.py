@@ -30,7 +30,7 @@ from rtml.config import INLINE_MAX
 from rtml.core import context
 from rtml.core.memory_store import StoredError
 from rtml.core.runtime import ClientRuntime
-from rtml.core.serialization import Serialized, deserialize, from_payload, serialize
+from rtml.core.serialization import Serialized, deserialize, from_payload, plain_payload, serialize
 from rtml.exceptions import RtmlError, TaskCancelledError, TaskError
 from rtml.ids import TaskID, first_return_id, object_id_for
 from rtml.rpc import messages as m
@@ -205,12 +205,11 @@ class Executor:
     def _returns(self, spec: m.TaskSpec, value: Any) -> tuple[m.ReturnObject, ...]:
         count = spec.num_returns
         if count == 1:  # the usual case, without the lists below
-            ser = _serialize_return(spec, value)
             object_id = first_return_id(spec.task_id)
-            inband = ser.inband
-            if not ser.buffers and not ser.contained and len(inband) <= INLINE_MAX:
-                return (m.ReturnObject(object_id, m.Payload(inband), len(inband)),)
-            return (self._store_return(spec, object_id, ser),)
+            payload = plain_payload(value)
+            if payload is not None:
+                return (m.ReturnObject(object_id, payload, len(payload.data)),)
+            return (self._store_return(spec, object_id, _serialize_return(spec, value)),)
         if count == 0:
             return ()
         if not isinstance(value, (tuple, list)) or len(value) != count:

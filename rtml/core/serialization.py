@@ -19,6 +19,7 @@ from typing import Any
 
 import cloudpickle
 
+from rtml.config import INLINE_MAX
 from rtml.rpc.messages import Payload
 
 _tls = threading.local()
@@ -94,6 +95,16 @@ def _plain_array_bytes(value: Any) -> int:
         else:
             return -1
     return -1 if stack else nbytes
+
+
+def plain_payload(value: Any) -> Payload | None:
+    """``value`` as an inline payload if it is of a plain type (no code, buffers or
+    refs: see ``_PLAIN``), without the rest of :func:`serialize`; else None."""
+    if type(value) in _PLAIN:
+        data = pickle.dumps(value, protocol=5)
+        if len(data) <= INLINE_MAX:
+            return Payload(data)
+    return None
 
 
 def serialize(value: Any) -> Serialized:
