@@ -555,12 +555,12 @@ class ClientRuntime:
 
 
 def _countdown(count: int, done: Flag) -> Callable[[bytes], None]:
-    """A waiter callback that sets ``done`` on its ``count``-th call."""
-    remaining = [count]
+    """A waiter callback that sets ``done`` on its ``count``-th call, from any thread
+    (``next`` on a counter is one C call: no arrival is lost between a read and a write)."""
+    arrivals = itertools.count(1)
 
     def arrived(_: bytes) -> None:
-        remaining[0] -= 1
-        if remaining[0] == 0:
+        if next(arrivals) == count:
             done.set()
     return arrived
 

@@ -1,0 +1,16 @@
+"""The waiter of a ``get`` of several refs: set by the last of its arrivals."""
+
+from __future__ import annotations
+
+from rtml.core.runtime import _countdown
+from rtml.rpc.reactor import Flag
+
+
+def test_countdown_sets_on_the_last_arrival_only() -> None:
+    done = Flag()
+    arrived = _countdown(3, done)
+    arrived(b"a")
+    arrived(b"b")
+    assert not done.is_set()
+    arrived(b"a")
+    assert done.is_set()
