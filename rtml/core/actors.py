@@ -305,9 +305,11 @@ class ActorCaller:
                 self.rt.send_ordered(self.conn, msg)
 
     def cancel_queued(self, record: TaskRecord) -> bool:
-        """Drop a call not yet sent; True if it was still queued here."""
+        """Drop a call not yet sent (under the runtime lock), letting the calls queued
+        behind it go; True if it was still queued here."""
         if record in self.queue:
             self.queue.remove(record)
+            self.flush()
             return True
         return False
 

@@ -330,9 +330,9 @@ class Executor:
 
 
 def return_ids(spec: m.TaskSpec) -> list[bytes]:
-    task_id = TaskID(spec.task_id)
     if spec.num_returns == 1:
-        return [object_id_for(task_id, 1)]
+        return [first_return_id(spec.task_id)]
+    task_id = TaskID(spec.task_id)
     return [object_id_for(task_id, i + 1) for i in range(spec.num_returns)]
 
 

@@ -258,6 +258,7 @@ class TaskOwner:
                 failed_here = caller.cancel_queued(record)
             else:
                 failed_here = self.rt.submitter.cancel(record, force, recursive)
+        self.rt.flush_sends()
         if failed_here:
             self.fail_task(record, TaskCancelledError(f"task {record.spec.name!r} was cancelled"))
 

@@ -146,7 +146,7 @@ class ReferenceCounter:
         """
         if self.refops or self._ref_lock.locked():  # (changes are sent under the lock)
             self.drain()
-        if self._unfenced or self._fence_lock.locked():
+        if self.needs_fence():
             self.fence()
 
     def drain(self) -> None:
@@ -171,8 +171,9 @@ class ReferenceCounter:
                             [node_id.hex()[:12] for node_id in nodes])
 
     def needs_fence(self) -> bool:
-        """Whether :meth:`fence` would block (holds on other nodes' objects unconfirmed)."""
-        return bool(self._unfenced)
+        """Whether :meth:`fence` would block: holds on other nodes' objects unconfirmed,
+        or a fence under way (which may cover holds sent before ours)."""
+        return bool(self._unfenced) or self._fence_lock.locked()
 
     def process_refops(self) -> None:
         """Apply queued reference-count changes; send holds and releases."""

@@ -100,7 +100,8 @@ def _plain_array_bytes(value: Any) -> int:
 def plain_payload(value: Any) -> Payload | None:
     """``value`` as an inline payload if it is of a plain type (no code, buffers or
     refs: see ``_PLAIN``), without the rest of :func:`serialize`; else None."""
-    if type(value) in _PLAIN:
+    kind = type(value)
+    if kind in _PLAIN and not ((kind is str or kind is bytes) and len(value) > INLINE_MAX):
         data = pickle.dumps(value, protocol=5)
         if len(data) <= INLINE_MAX:
             return Payload(data)

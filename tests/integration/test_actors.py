@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 import rtml
-from rtml.exceptions import ActorDiedError, TaskError
+from rtml.exceptions import ActorDiedError, TaskCancelledError, TaskError
 
 pytestmark = pytest.mark.usefixtures("cluster")
 
@@ -136,6 +136,17 @@ def test_a_ready_call_does_not_overtake_one_waiting_for_its_argument() -> None:
     first = c.incr.remote(later.remote(0.5, 10))
     second = c.incr.remote(100)
     assert rtml.get([first, second], timeout=60) == [11, 111]
+
+
+def test_cancelling_a_queued_call_lets_the_calls_behind_it_go() -> None:
+    c = Counter.remote()
+    assert rtml.get(c.incr.remote(1), timeout=60) == 1
+    first = c.incr.remote(later.remote(2.0, 10))  # queued: its argument is not made yet
+    second = c.incr.remote(100)  # queued behind it
+    rtml.cancel(first)
+    assert rtml.get(second, timeout=1.0) == 101  # not held until the argument is made
+    with pytest.raises(TaskCancelledError):
+        rtml.get(first, timeout=10)
 
 
 def test_actor_constructor_args_and_own_process() -> None:

@@ -6,7 +6,8 @@ import pickle
 
 import numpy as np
 
-from rtml.core.serialization import deserialize, serialize
+from rtml.config import INLINE_MAX
+from rtml.core.serialization import deserialize, plain_payload, serialize
 
 
 def round_trip(value: object) -> object:
@@ -25,6 +26,20 @@ def test_plain_values_round_trip_in_band() -> None:
     assert np.array_equal(back["params"], state["params"])
     assert back["obs"].dtype == np.float32
     assert back["tags"] == state["tags"]
+
+
+def test_plain_payload_takes_small_values_of_plain_types_only() -> None:
+    for value in (None, True, 7, 2.5, 1j, "text", b"bytes"):
+        payload = plain_payload(value)
+        assert payload is not None and not payload.buffers and not payload.is_error
+        assert payload.data == serialize(value).inband and pickle.loads(payload.data) == value
+
+    class Count(int):
+        pass
+
+    # a subclass (its class travels by value), a container, and what must not be inline
+    for other in (Count(3), [1], b"x" * (INLINE_MAX + 1), "y" * (INLINE_MAX + 1)):
+        assert plain_payload(other) is None
 
 
 def test_code_inside_a_container_is_shipped_by_value() -> None:
