@@ -304,6 +304,12 @@ class ActorCaller:
             for msg in held:
                 self.rt.send_ordered(self.conn, msg)
 
+    def ended(self, why: str) -> None:
+        """The actor is gone for good (under the runtime lock): later calls fail at once,
+        and no restart will read its constructor's arguments."""
+        self.dead_error = why
+        self.keep_alive = []
+
     def cancel_queued(self, record: TaskRecord) -> bool:
         """Drop a call not yet sent (under the runtime lock), letting the calls queued
         behind it go; True if it was still queued here."""
@@ -341,8 +347,7 @@ class ActorCaller:
             return
         with self.rt.lock:
             self.resolving = False
-            self.dead_error = info.error or f"the actor is {info.state}"
-            self.keep_alive = []  # no restart will read its constructor's arguments
+            self.ended(info.error or f"the actor is {info.state}")
             failed = list(self.queue)
             self.queue.clear()
         for record in failed:
@@ -440,5 +445,4 @@ class ActorLives:
             self.rt.head.send(m.KillActor(actor_id, no_restart=True, reason=m.OUT_OF_SCOPE))
             caller = self.rt.owner.actor_callers.get(actor_id)
             if caller is not None:
-                caller.dead_error = m.OUT_OF_SCOPE
-                caller.keep_alive = []  # its constructor's arguments: never read again
+                caller.ended(m.OUT_OF_SCOPE)

@@ -284,7 +284,12 @@ class ClientRuntime:
             self.owner.fail_task(record, error)
 
     def _on_head_message(self, conn: Connection, msg: Any) -> None:
-        if isinstance(msg, (m.ActorInfo, m.ClusterInfo)):
+        if isinstance(msg, m.ActorInfo) and not msg.req_id:  # an actor we created is DEAD
+            with self.lock:
+                caller = self.owner.actor_callers.get(msg.actor_id)
+                if caller is not None:
+                    caller.ended(msg.error or "the actor is DEAD")
+        elif isinstance(msg, (m.ActorInfo, m.ClusterInfo)):
             self._deliver_reply(msg.req_id, msg)
         elif isinstance(msg, m.WorkerOutput):
             if self.config.log_to_driver:

@@ -7,6 +7,7 @@
     drivers --CreateActor--> pick a node that fits --StartActor--> node manager
                              <--ActorStarted / ActorWorkerDied-- restart or mark DEAD
     callers --GetActorInfo--> answered when the actor is ALIVE (at a new address) or DEAD
+    actor DEAD for good --ActorInfo(req_id 0)--> its creator (lets go of its arguments)
     driver disconnects --> its job ends; its non-detached actors are killed; its tasks
                            still PENDING are recorded FAILED (in a thread, at job end only)
 
@@ -72,6 +73,7 @@ class ActorState:
     tcp_address: str = ""
     no_restart: bool = False
     waiters: list[tuple[Peer, int, str]] = field(default_factory=list)
+    owner: Peer | None = None  # its creator's connection: told when it is DEAD for good
 
 
 class HeadService(Service):
@@ -260,7 +262,7 @@ class HeadService(Service):
                         f"get_if_exists=True to reuse it")))
                 return
             self.plane.set_named_actor(spec.namespace, spec.name, spec.actor_id)
-        actor = self.actors[spec.actor_id] = ActorState(spec)
+        actor = self.actors[spec.actor_id] = ActorState(spec, owner=peer)
         self._record(actor)
         if msg.req_id:
             peer.send(self._info(msg.req_id, actor))
@@ -355,6 +357,9 @@ class HeadService(Service):
                                           actor.spec.actor_id)
         self._record(actor)
         self._answer(actor)
+        if actor.owner is not None:  # unasked (req_id 0): it lets go of the arguments
+            actor.owner.send(self._info(0, actor))
+            actor.owner = None
 
     def _get_actor(self, peer: Peer, msg: m.GetActorInfo) -> None:
         actor = (self._named(msg.namespace, msg.name) if msg.name

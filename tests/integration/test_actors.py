@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 import rtml
+from rtml.core import context
 from rtml.exceptions import ActorDiedError, TaskCancelledError, TaskError
 
 pytestmark = pytest.mark.usefixtures("cluster")
@@ -480,6 +481,42 @@ def test_a_handle_pickled_outside_a_value_keeps_its_actor_to_the_job_end() -> No
     assert rtml.get(cloudpickle.loads(blob).incr.remote(), timeout=60) == 1
     rtml.kill(cloudpickle.loads(blob))
     assert _exits(pid)
+
+
+@rtml.remote
+class Holder:
+    def __init__(self, blob: bytes) -> None:
+        self.size = len(blob)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def length(self) -> int:
+        return self.size
+
+
+@rtml.remote
+def length_via_handle(holder) -> int:
+    return rtml.get(holder.length.remote())
+
+
+def test_the_creator_lets_go_of_the_constructor_arguments_when_the_actor_ends() -> None:
+    # Its handle was shared, so its node manager ends it, not its creator: the head
+    # tells the creator, which kept the arguments for a restart until then.
+    blob = rtml.put(b"x" * 200_000)  # in shared memory, owned here
+    blob_id = blob.id
+    holder = Holder.remote(blob)
+    del blob
+    pid = rtml.get(holder.pid.remote(), timeout=60)
+    assert rtml.get(length_via_handle.remote(holder), timeout=60) == 200_000
+    owned = context.require_runtime().store.entries
+    assert blob_id in owned
+    del holder
+    assert _exits(pid)
+    deadline = time.monotonic() + 15
+    while blob_id in owned and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert blob_id not in owned
 
 
 @rtml.remote
