@@ -282,29 +282,32 @@ def _wait_ready(rt: ClientRuntime, refs: list[ObjectRef], ids: set[bytes], num_r
                 timeout: float | None, fetch_local: bool) -> set[bytes]:
     with rt.lock:
         # Set operations first: a value in the memory store that is not known to live on
-        # another node is ready. Only the others are looked at one by one.
+        # another node is ready. Only the others are looked at one by one, each once.
         ready = rt.store.entries.keys() & ids
         if fetch_local:
             ready -= rt.refs.locations.keys()
+        making: list[ObjectRef] = []
+        rest: list[ObjectRef] = []
         if len(ready) < len(ids):
-            ready.update(r.id for r in refs if r.id not in ready
-                         and rt.ready_here(r, fetch_local))
+            now, making, rest = rt.readiness([r for r in refs if r.id not in ready],
+                                             fetch_local)
+            ready.update(r.id for r in now)
         if len(ready) >= num_returns:
             return ready  # no callbacks to register and cancel: O(refs) cheap checks
+        lock = threading.Lock()
+        enough = Flag()
+
+        def arrived(object_id: bytes) -> None:
+            with lock:
+                ready.add(object_id)
+                if len(ready) >= num_returns:
+                    enough.set()
+
         # Only callbacks can make a ref ready; with timeout 0 an owned task's result
-        # cannot arrive in time, but an object elsewhere still starts its pull.
-        waiting = [r for r in refs if r.id not in ready
-                   and not (timeout == 0 and rt.owned_pending(r))]
-    lock = threading.Lock()
-    enough = Flag()
-
-    def arrived(object_id: bytes) -> None:
-        with lock:
-            ready.add(object_id)
-            if len(ready) >= num_returns:
-                enough.set()
-
-    cancel_waits = rt.on_ready(waiting, arrived, fetch_local)
+        # cannot arrive in time, but an object elsewhere still starts its pull. Still
+        # under the lock, so what readiness() found making is still being made.
+        cancel_waits = rt.on_ready(rest, arrived, fetch_local,
+                                   making=() if timeout == 0 else making)
     blocked = not enough.is_set() and timeout != 0
     if blocked and rt.blocked_hook is not None:
         rt.blocked_hook(True)  # inside a task: lend the CPU back while waiting

@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -466,32 +466,52 @@ class ClientRuntime:
         if box[0].error:
             raise ObjectLostError(f"object {object_id.hex()} is lost: {box[0].error}")
 
-    def ready_now(self, ref: ObjectRef) -> bool:
-        if ref.id in self.store.entries:
-            return True
-        if self.owned_pending(ref):
-            return False
-        return os.path.exists(objectstore.segment_path(self.store_namespace, ref.id))
+    def _state(self, ref: ObjectRef) -> int:
+        """``_READY`` (in the memory store, or in this node's shared memory), ``_MAKING``
+        (a result of a task of ours that has not finished) or ``_ABSENT``."""
+        object_id = ref.id
+        if object_id in self.store.entries:
+            return _READY
+        if ref.owner == self.client_id and task_of(object_id) in self.submitter.records:
+            return _MAKING
+        if os.path.exists(objectstore.segment_path(self.store_namespace, object_id)):
+            return _READY
+        return _ABSENT
 
-    def owned_pending(self, ref: ObjectRef) -> bool:
-        """A result of a task of ours that has not finished."""
-        return ref.owner == self.client_id and task_of(ref.id) in self.submitter.records
-
-    def ready_here(self, ref: ObjectRef, fetch_local: bool) -> bool:
-        """Ready now, without waiting (with ``fetch_local``: and a copy is on this node)."""
-        return self.ready_now(ref) and not (fetch_local and self._elsewhere(ref.id))
+    def readiness(self, refs: list[ObjectRef], fetch_local: bool
+                  ) -> tuple[list[ObjectRef], list[ObjectRef], list[ObjectRef]]:
+        """Split ``refs`` (under the lock) into those ready here now (with
+        ``fetch_local``: a copy on this node), results of our tasks still being made, and
+        the rest (owned elsewhere, or to be pulled here): each ref looked at once."""
+        ready: list[ObjectRef] = []
+        making: list[ObjectRef] = []
+        rest: list[ObjectRef] = []
+        for ref in refs:
+            state = self._state(ref)
+            if state == _MAKING:
+                making.append(ref)
+            elif state == _READY and not (fetch_local and self._elsewhere(ref.id)):
+                ready.append(ref)
+            else:
+                rest.append(ref)
+        return ready, making, rest
 
     def on_ready(self, refs: list[ObjectRef], callback: Callable[[bytes], Any],
-                 fetch_local: bool = False) -> Callable[[], None]:
-        """Call ``callback(id)`` as each of ``refs`` becomes ready (with ``fetch_local``:
-        once a copy is on this node, pulling it here); returns a canceller.
+                 fetch_local: bool = False,
+                 making: Sequence[ObjectRef] = ()) -> Callable[[], None]:
+        """Call ``callback(id)`` as each of ``refs`` and ``making`` becomes ready (with
+        ``fetch_local``: once a copy is on this node, pulling it here); returns a
+        canceller. ``making``: results of our tasks not finished when the caller looked,
+        under the lock it still holds (as :meth:`readiness` splits them): not looked at
+        again.
 
         One closure for all of them, so waiting on n refs costs n dict operations.
         """
         # The closures hold ids, never ObjectRefs: a ref kept alive by a closure (they
         # form a cycle through ``pulls``) would keep its object alive.
         owners = {ref.id: ref.owner for ref in refs}
-        owned: list[bytes] = []
+        owners.update((ref.id, ref.owner) for ref in making)
+        owned = [ref.id for ref in making]
         pulls: list[Callable[[], None]] = []
 
         def arrived(object_id: bytes) -> None:
@@ -507,10 +527,14 @@ class ClientRuntime:
                 forget()
 
         with self.lock:
+            add_waiter = self.store.add_waiter
+            for object_id in owned:
+                add_waiter(object_id, arrived)
             for ref in refs:
-                if self.ready_now(ref):
+                state = self._state(ref)
+                if state == _READY:
                     arrived(ref.id)
-                elif self.owned_pending(ref):
+                elif state == _MAKING:
                     self.store.add_waiter(ref.id, arrived)
                     owned.append(ref.id)
                 else:
@@ -557,6 +581,9 @@ class ClientRuntime:
     def task_error(self, name: str, exc: BaseException) -> TaskError:
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         return TaskError(name, text, exc, os.getpid(), self.node_id.hex()).as_instanceof_cause()
+
+
+_READY, _MAKING, _ABSENT = range(3)  # what ClientRuntime._state says of a ref
 
 
 def _countdown(count: int, done: Flag) -> Callable[[bytes], None]:

@@ -118,6 +118,23 @@ def test_wait_skips_slow_refs(cluster: None) -> None:
     rtml.cancel(slow_ref)
 
 
+def test_wait_on_results_still_being_made(cluster: None) -> None:
+    # Ready values, results of our tasks still running, and one that ends meanwhile.
+    put = rtml.put("here")
+    long, short = slow.remote(5.0), slow.remote(0.2)
+    refs = [long, put, short]
+    start = time.monotonic()
+    ready, not_ready = rtml.wait(refs, num_returns=3, timeout=0)  # a poll: never blocks
+    assert ready == [put] and not_ready == [long, short]
+    assert time.monotonic() - start < 1.0
+    ready, not_ready = rtml.wait(refs, num_returns=2, timeout=10)  # waits for `short`
+    assert ready == [put, short] and not_ready == [long]
+    assert time.monotonic() - start < 4.0
+    ready, not_ready = rtml.wait(refs, num_returns=3, timeout=0.1)
+    assert ready == [put, short] and not_ready == [long]
+    rtml.cancel(long)
+
+
 def test_wait_rejects_duplicates(cluster: None) -> None:
     ref = rtml.put(1)
     with pytest.raises(ValueError):
