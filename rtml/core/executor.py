@@ -66,7 +66,7 @@ class Executor:
         self.cancelled: set[bytes] = set()
         self.instance: Any = None
         self.actor: m.ActorSpec | None = None
-        self.actor_id = b""  # this worker's actor, once it is one
+        self.actor_id = b""  # this worker's actor, once constructed
         self.push = self._run_and_reply
         """Runs or dispatches a call, by the kind of worker: inline (tasks, one-at-a-time
         actors), on the thread pool (threaded actors) or on the event loop (async actors)."""
@@ -289,7 +289,6 @@ class Executor:
     def become_actor(self, spec: m.ActorSpec, gpu_ids: Sequence[int]) -> str:
         """Construct the actor; return the constructor's error text, or ''."""
         self.actor = spec
-        self.actor_id = spec.actor_id
         set_visible_gpus(gpu_ids)  # for its whole life: its methods never change it
         context.set_actor(spec.actor_id)
         for path in spec.sys_paths:
@@ -305,6 +304,7 @@ class Executor:
             return str(_error_text(failed.payload))
         except Exception as exc:
             return str(self.rt.task_error(f"{spec.class_name}.__init__", exc))
+        self.actor_id = spec.actor_id  # constructed: its calls may run
         if spec.is_async:
             self._start_loop(spec.max_concurrency)
             self.push = self._push_to_loop
