@@ -21,7 +21,6 @@ import threading
 import time
 import traceback
 from collections.abc import Mapping, Sequence
-from types import MappingProxyType
 from typing import Any
 
 import cloudpickle
@@ -40,7 +39,10 @@ log = logging.getLogger(__name__)
 
 
 CUDA_ENV = "CUDA_VISIBLE_DEVICES"
-_NO_KWARGS: Mapping[str, Any] = MappingProxyType({})  # a call's ``**{}`` copies it anyway
+_NO_KWARGS: Mapping[str, Any] = {}
+"""The keyword arguments of a call without any. A dict, read only here (``**`` gives the
+callee its own copy): ``**`` of an empty dict costs 0.15 us, of an empty MappingProxyType
+0.6 us (it goes through the generic mapping protocol), of nothing 0.05."""
 
 
 def set_visible_gpus(gpu_ids: Sequence[int]) -> None:
