@@ -18,11 +18,12 @@ ME = b"c" * 16
 X = b"x" * 20
 
 
-def _counter() -> tuple[ReferenceCounter, list[Any]]:
+def _counter(request: Any = None) -> tuple[ReferenceCounter, list[Any]]:
     sent: list[Any] = []
     runtime = SimpleNamespace(
         nm=SimpleNamespace(send=sent.append), node_id=b"n" * 16, client_id=ME,
-        store=MemoryStore(), submitter=SimpleNamespace(records={}), lock=threading.RLock())
+        store=MemoryStore(), submitter=SimpleNamespace(records={}), lock=threading.RLock(),
+        request=request)
     return ReferenceCounter(runtime), sent  # type: ignore[arg-type]
 
 
@@ -64,3 +65,35 @@ def test_a_borrow_dropped_within_its_batch_sends_nothing() -> None:
     refs.refops.extend([(X, 1), (X, 0), (X, -1)])
     refs.process_refops()
     assert _holds(sent) == []
+
+
+def test_a_result_waits_for_a_fence_under_way_on_another_thread() -> None:
+    # Another call's fence may cover holds this call sent before it: settle() waits for
+    # it, and needs_fence() (what an async actor's call checks) reports it.
+    entered, answer = threading.Event(), threading.Event()
+
+    def request(conn: Any, make: Any) -> None:  # the fence's reply, held back
+        entered.set()
+        answer.wait(10)
+
+    refs, _ = _counter(request)
+    refs.locations[X] = b"o" * 16  # an object whose primary copy is on another node
+    refs.send_holds(m.AddHolds, [X], ME)
+    fencer = threading.Thread(target=refs.fence)
+    fencer.start()
+    assert entered.wait(10)
+    assert refs.needs_fence()  # nothing left unconfirmed to send, but a fence runs
+    settled = threading.Event()
+
+    def settle() -> None:
+        refs.settle()
+        settled.set()
+
+    waiter = threading.Thread(target=settle)
+    waiter.start()
+    assert not settled.wait(0.3)
+    answer.set()
+    assert settled.wait(10)
+    fencer.join(10)
+    waiter.join(10)
+    assert not refs.needs_fence()
