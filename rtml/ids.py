@@ -48,7 +48,7 @@ def object_id_for(task_id: TaskID, index: int) -> ObjectID:
 
 
 def first_return_id(task_id: bytes) -> ObjectID:
-    """``object_id_for(task_id, 1)``: the return of a task of one, without a call."""
+    """``object_id_for(task_id, 1)``, with the index packed once: a lone return's id."""
     return ObjectID(task_id + _FIRST)
 
 
