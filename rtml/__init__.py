@@ -10,6 +10,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from rtml import _native
+
+BUILD = _native.choose()
+"""How the hot path runs here: "compiled" (C, by mypyc), "source" (a compiled build's
+``.py`` files: ``RTML_PURE_PYTHON=1``, or edited since the build) or "pure" (no compiled
+build: no C compiler at install). See :mod:`rtml._native`."""
+
 if TYPE_CHECKING:
     from rtml import exceptions
     from rtml.api import (

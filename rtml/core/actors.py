@@ -145,15 +145,19 @@ class ActorHandle:
         self._methods = methods
         self._max_task_retries = max_task_retries
         self._life = life
+        self._bound: dict[str, ActorMethod] = {}
 
     def __getattr__(self, name: str) -> ActorMethod:
         if name.startswith("_"):
             raise AttributeError(name)
+        method = self._bound.get(name)  # built once per name: a compiled class has no __dict__
+        if method is not None:
+            return method
         if name not in self._methods:
             raise AttributeError(f"actor {self._class_name!r} has no method {name!r}; "
                                  f"it has {sorted(self._methods)}")
         method = ActorMethod(self, name, {"num_returns": self._methods[name]})
-        setattr(self, name, method)  # found directly from now on: no lookup per call
+        self._bound[name] = method
         return method
 
     def __reduce__(self) -> tuple[Any, ...]:

@@ -29,6 +29,9 @@ class StoredError:
     def __init__(self, error: BaseException) -> None:
         self.error = error
 
+    def __reduce__(self) -> tuple[type[StoredError], tuple[BaseException]]:
+        return StoredError, (self.error,)  # compiled, the default would call __init__()
+
 
 class MemoryStore:
     def __init__(self) -> None:

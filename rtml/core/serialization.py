@@ -57,6 +57,9 @@ class _ArrowData:
     def __init__(self, kind: str) -> None:
         self.kind = kind
 
+    def __reduce__(self) -> tuple[type[_ArrowData], tuple[str]]:
+        return _ArrowData, (self.kind,)  # compiled, the default would call __init__()
+
 
 _PLAIN = frozenset({type(None), bool, int, float, complex, str, bytes})
 """Types that hold no code, buffers or refs: the stdlib pickler is exact for them and

@@ -345,7 +345,7 @@ class Reactor:
         self._timers: list[tuple[float, int, Callable[[], Any]]] = []
         self._seq = itertools.count()
         self._running = False
-        self._thread: threading.Thread | None = None
+        self._bg_thread: threading.Thread | None = None
         self.thread_id: int | None = None  # the thread leading the loop now, if any
         self._lead = threading.Lock()  # held by whichever thread runs the loop
         # Entered as the bare lock (a C call) where no wait or notify follows the check.
@@ -363,8 +363,8 @@ class Reactor:
 
     def start(self) -> None:
         """Run the loop on a daemon thread."""
-        self._thread = threading.Thread(target=self.run, name=self.name, daemon=True)
-        self._thread.start()
+        self._bg_thread = threading.Thread(target=self.run, name=self.name, daemon=True)
+        self._bg_thread.start()
 
     def run(self) -> None:
         """Run the loop on the calling thread until :meth:`stop`, standing aside while
@@ -426,7 +426,7 @@ class Reactor:
             return False  # a poll: never take the loop (it would renew the grace)
         me = threading.get_ident()
         with self._aside_lock:
-            lead = (self._borrower is None and self._running and self._thread is not None
+            lead = (self._borrower is None and self._running and self._bg_thread is not None
                     and self.thread_id != me)
             if lead:
                 self._borrower = me
@@ -494,8 +494,8 @@ class Reactor:
         self._wake()
         with self._aside:
             self._aside.notify_all()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
+        if self._bg_thread is not None and self._bg_thread is not threading.current_thread():
+            self._bg_thread.join(timeout=5)
 
     def close(self) -> None:
         """Close every connection and the epoll object; call after :meth:`stop`."""

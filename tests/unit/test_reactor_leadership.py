@@ -64,7 +64,7 @@ def peer() -> Iterator[Peer]:
 
 
 def background_id(peer: Peer) -> int:
-    thread = peer.reactor._thread
+    thread = peer.reactor._bg_thread
     assert thread is not None and thread.ident is not None
     return thread.ident
 

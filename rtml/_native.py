@@ -1,0 +1,111 @@
+"""The modules compiled to C with mypyc, and the choice between them and their source.
+
+``setup.py`` compiles :data:`COMPILED`, the hot path (submit -> run -> result), with
+mypyc where a C compiler is present; without one the install is pure Python and behaves
+the same, slower. The source stays the one definition of what these modules do: the
+build records a digest of each file (:data:`STAMP`), and importing rtml loads the source
+instead of the compiled modules when
+
+- ``RTML_PURE_PYTHON=1`` is set (to profile or debug the Python), or
+- a compiled module's source changed after the build (an editable install not rebuilt
+  since an edit or a pull): what runs is then still what the source says, with a warning.
+
+It is all or none: compiled modules call each other's classes directly, so one module
+from source next to compiled ones would meet two versions of the same class.
+
+Standard library only: ``setup.py`` runs this file before rtml's dependencies exist.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+
+COMPILED = (
+    "rtml/ids.py",
+    "rtml/rpc/framing.py",
+    "rtml/rpc/reactor.py",
+    "rtml/core/actors.py",
+    "rtml/core/arguments.py",
+    "rtml/core/context.py",
+    "rtml/core/executor.py",
+    "rtml/core/memory_store.py",
+    "rtml/core/object_ref.py",
+    "rtml/core/owner.py",
+    "rtml/core/runtime.py",
+    "rtml/core/serialization.py",
+    "rtml/core/submitter.py",
+    "rtml/core/worker_main.py",
+)
+"""Paths from the project root. ``references.py`` is left out: its unit tests drive it
+with a stand-in runtime, which compiled code would refuse (mypyc checks types)."""
+GROUP = "rtml_native"
+"""mypyc's name for the shared library that holds them all (``rtml_native__mypyc``)."""
+STAMP = "_native_stamp"
+"""A file in the rtml package written by the build: one ``path digest`` line per module."""
+PURE_ENV = "RTML_PURE_PYTHON"
+
+
+def stamp_text(root: Path) -> str:
+    """The stamp for the sources under ``root`` (the project root or site-packages)."""
+    return "".join(f"{path} {_digest(root / path)}\n" for path in COMPILED)
+
+
+def _digest(path: Path) -> str:
+    return hashlib.blake2b(path.read_bytes(), digest_size=16).hexdigest()
+
+
+def changed_since_build(root: Path) -> list[str]:
+    """The compiled modules whose source differs from the build's; all if no stamp."""
+    try:
+        built = dict(line.split(" ", 1) for line in
+                     (root / "rtml" / STAMP).read_text().splitlines())
+    except OSError:
+        return list(COMPILED)
+    return [path for path in COMPILED
+            if not (root / path).exists() or built.get(path) != _digest(root / path)]
+
+
+def choose() -> str:
+    """Called first by ``import rtml``: "compiled", "source" or "pure" (no compiled build).
+
+    "source" puts a finder first on ``sys.meta_path`` that loads :data:`COMPILED` from
+    their ``.py`` files.
+    """
+    if importlib.util.find_spec(f"{GROUP}__mypyc") is None:
+        return "pure"
+    if os.environ.get(PURE_ENV) != "1":
+        changed = changed_since_build(Path(__file__).resolve().parent.parent)
+        if not changed:
+            return "compiled"
+        warnings.warn(f"rtml: {', '.join(changed)} changed after rtml was compiled; "
+                      "running the source, which is slower. Rebuild with "
+                      "`pip install -e .` (or set RTML_PURE_PYTHON=1 to silence this)",
+                      RuntimeWarning, stacklevel=3)
+    if not any(isinstance(finder, _SourceFinder) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _SourceFinder())
+    return "source"
+
+
+class _SourceFinder(importlib.abc.MetaPathFinder):
+    """Finds the compiled modules' ``.py`` files, ahead of their extension modules."""
+
+    names = frozenset(path[:-3].replace("/", ".") for path in COMPILED)
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in self.names or path is None:
+            return None
+        for entry in path:
+            source = os.path.join(entry, fullname.rpartition(".")[2] + ".py")
+            if os.path.isfile(source):
+                return importlib.util.spec_from_file_location(fullname, source)
+        return None
