@@ -13,6 +13,14 @@ instead of the compiled modules when
 It is all or none: compiled modules call each other's classes directly, so one module
 from source next to compiled ones would meet two versions of the same class.
 
+What compiled code asks of these modules (mypyc's rules; the tests run compiled in CI):
+
+- type hints are checked at run time: a stand-in of the wrong type is a TypeError;
+- a class's instances take only the attributes its ``__init__`` declares (no
+  ``__dict__``, no ``setattr`` of new names), and its methods cannot be patched;
+- a pickled class whose ``__init__`` takes arguments needs a ``__reduce__``;
+- no attribute named like a C keyword once mangled (``_thread`` becomes ``__thread``).
+
 Standard library only: ``setup.py`` runs this file before rtml's dependencies exist.
 """
 
@@ -40,13 +48,13 @@ COMPILED = (
     "rtml/core/memory_store.py",
     "rtml/core/object_ref.py",
     "rtml/core/owner.py",
+    "rtml/core/references.py",
     "rtml/core/runtime.py",
     "rtml/core/serialization.py",
     "rtml/core/submitter.py",
     "rtml/core/worker_main.py",
 )
-"""Paths from the project root. ``references.py`` is left out: its unit tests drive it
-with a stand-in runtime, which compiled code would refuse (mypyc checks types)."""
+"""Paths from the project root."""
 GROUP = "rtml_native"
 """mypyc's name for the shared library that holds them all (``rtml_native__mypyc``)."""
 STAMP = "_native_stamp"

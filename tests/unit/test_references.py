@@ -1,87 +1,122 @@
 """ReferenceCounter.process_refops: the holds and releases a batch of changes sends.
 
-The counter talks to its node manager through ``runtime.nm.send``; here that is a
-list, and the runtime a stand-in with the few fields the counter reads.
+The counter is a real, unconnected runtime's; its node manager is the far end of a
+socketpair, whose frames the test reads (and answers, for a fence).
 """
 
 from __future__ import annotations
 
+import socket
 import threading
-from types import SimpleNamespace
+from collections.abc import Iterator
 from typing import Any
 
-from rtml.core.memory_store import MemoryStore
+import pytest
+
 from rtml.core.references import ReferenceCounter
+from rtml.core.runtime import ClientConfig, ClientRuntime
 from rtml.rpc import messages as m
+from rtml.rpc.framing import FrameDecoder, frame
+from rtml.rpc.reactor import Connection
 
 ME = b"c" * 16
 X = b"x" * 20
 
 
-def _counter(request: Any = None) -> tuple[ReferenceCounter, list[Any]]:
-    sent: list[Any] = []
-    runtime = SimpleNamespace(
-        nm=SimpleNamespace(send=sent.append), node_id=b"n" * 16, client_id=ME,
-        store=MemoryStore(), submitter=SimpleNamespace(records={}), lock=threading.RLock(),
-        request=request)
-    return ReferenceCounter(runtime), sent  # type: ignore[arg-type]
+class NodeManager:
+    """The far end of the runtime's connection: reads what the counter sends."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.decoder = FrameDecoder()
+        self.sent: list[Any] = []
+
+    def read(self) -> list[Any]:
+        """Every message sent so far (a refops batch is sent before process_refops returns)."""
+        self.sock.setblocking(False)
+        try:
+            while data := self.sock.recv(65536):
+                self.sent.extend(m.decode(f) for f in self.decoder.feed(data))
+        except BlockingIOError:
+            pass
+        return self.sent
+
+    def next_message(self) -> Any:
+        self.sock.setblocking(True)
+        self.sock.settimeout(10)
+        while not self.sent:
+            self.sent.extend(m.decode(f) for f in self.decoder.feed(self.sock.recv(65536)))
+        return self.sent.pop(0)
+
+    def reply(self, msg: m.Msg) -> None:
+        self.sock.sendall(frame(m.encode(msg)))
 
 
-def _holds(sent: list[Any]) -> list[tuple[str, list[bytes]]]:
-    return [(type(msg).__name__, msg.object_ids) for msg in sent
+@pytest.fixture
+def counter() -> Iterator[tuple[ReferenceCounter, NodeManager]]:
+    runtime = ClientRuntime(ClientConfig(role="driver", token="t", nm_address="",
+                                         head_address="", session_dir="", client_id=ME))
+    ours, theirs = socket.socketpair()
+    runtime.reactor.start()
+    runtime.node_id = b"n" * 16
+    runtime.nm = runtime.reactor.add(Connection(runtime.reactor, ours,
+                                                runtime._on_nm_message, name="nm"))
+    yield runtime.refs, NodeManager(theirs)
+    runtime.close()
+    theirs.close()
+
+
+def _holds(nm: NodeManager) -> list[tuple[str, list[bytes]]]:
+    return [(type(msg).__name__, msg.object_ids) for msg in nm.read()
             if isinstance(msg, (m.AddHolds, m.ReleaseHolds))]
 
 
-def test_a_borrow_is_held_once_and_released_when_the_last_ref_goes() -> None:
-    refs, sent = _counter()
+def test_a_borrow_is_held_once_and_released_when_the_last_ref_goes(counter: tuple[ReferenceCounter, NodeManager]) -> None:
+    refs, nm = counter
     refs.refops.extend([(X, 1), (X, 0), (X, 1), (X, 0)])  # two refs unpickled
     refs.process_refops()
-    assert _holds(sent) == [("AddHolds", [X])]
+    assert _holds(nm) == [("AddHolds", [X])]
     refs.refops.extend([(X, -1)])
     refs.process_refops()
-    assert _holds(sent) == [("AddHolds", [X])]  # one ref left
+    assert _holds(nm) == [("AddHolds", [X])]  # one ref left
     refs.refops.extend([(X, -1)])
     refs.process_refops()
-    assert _holds(sent) == [("AddHolds", [X]), ("ReleaseHolds", [X])]
+    assert _holds(nm) == [("AddHolds", [X]), ("ReleaseHolds", [X])]
 
 
-def test_dropping_and_borrowing_again_in_one_batch_keeps_the_hold() -> None:
+def test_dropping_and_borrowing_again_in_one_batch_keeps_the_hold(counter: tuple[ReferenceCounter, NodeManager]) -> None:
     # The last ref dropped, then the object unpickled again, before the batch is applied:
     # sent as add-then-release, the node manager (a set of holders) would drop the hold.
-    refs, sent = _counter()
+    refs, nm = counter
     refs.refops.extend([(X, 1), (X, 0)])
     refs.process_refops()
-    sent.clear()
+    nm.read().clear()  # what the first batch sent
     refs.refops.extend([(X, -1), (X, 1), (X, 0)])
     refs.process_refops()
-    assert _holds(sent) == []
+    assert _holds(nm) == []
     refs.refops.extend([(X, -1)])
     refs.process_refops()
-    assert _holds(sent) == [("ReleaseHolds", [X])]
+    assert _holds(nm) == [("ReleaseHolds", [X])]
 
 
-def test_a_borrow_dropped_within_its_batch_sends_nothing() -> None:
-    refs, sent = _counter()
+def test_a_borrow_dropped_within_its_batch_sends_nothing(counter: tuple[ReferenceCounter, NodeManager]) -> None:
+    refs, nm = counter
     refs.refops.extend([(X, 1), (X, 0), (X, -1)])
     refs.process_refops()
-    assert _holds(sent) == []
+    assert _holds(nm) == []
 
 
-def test_a_result_waits_for_a_fence_under_way_on_another_thread() -> None:
+def test_a_result_waits_for_a_fence_under_way_on_another_thread(counter: tuple[ReferenceCounter, NodeManager]) -> None:
     # Another call's fence may cover holds this call sent before it: settle() waits for
     # it, and needs_fence() (what an async actor's call checks) reports it.
-    entered, answer = threading.Event(), threading.Event()
-
-    def request(conn: Any, make: Any) -> None:  # the fence's reply, held back
-        entered.set()
-        answer.wait(10)
-
-    refs, _ = _counter(request)
+    refs, nm = counter
     refs.locations[X] = b"o" * 16  # an object whose primary copy is on another node
     refs.send_holds(m.AddHolds, [X], ME)
+    assert nm.next_message() == m.AddHolds([X], ME, b"o" * 16)
     fencer = threading.Thread(target=refs.fence)
     fencer.start()
-    assert entered.wait(10)
+    fence = nm.next_message()  # its reply held back until the end
+    assert fence == m.FenceHolds(fence.req_id, [b"o" * 16])
     assert refs.needs_fence()  # nothing left unconfirmed to send, but a fence runs
     settled = threading.Event()
 
@@ -92,7 +127,7 @@ def test_a_result_waits_for_a_fence_under_way_on_another_thread() -> None:
     waiter = threading.Thread(target=settle)
     waiter.start()
     assert not settled.wait(0.3)
-    answer.set()
+    nm.reply(m.HoldsFenced(fence.req_id))
     assert settled.wait(10)
     fencer.join(10)
     waiter.join(10)
