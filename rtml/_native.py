@@ -43,6 +43,7 @@ COMPILED = (
     "rtml/rpc/reactor.py",
     "rtml/core/actors.py",
     "rtml/core/arguments.py",
+    "rtml/core/calls.py",
     "rtml/core/context.py",
     "rtml/core/executor.py",
     "rtml/core/memory_store.py",

@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 from rtml.core import context
 from rtml.core.arguments import build_args
+from rtml.core.calls import submit_call
 from rtml.core.object_ref import ObjectRef
 from rtml.core.options import ACTOR_OPTIONS, METHOD_OPTIONS, check_options, strategy_of
-from rtml.core.remote_function import Exported, submit_call
+from rtml.core.remote_function import Exported
 from rtml.core.serialization import recording_contained, serialize
 from rtml.core.submitter import TaskRecord
 from rtml.exceptions import ActorDiedError
