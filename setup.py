@@ -1,19 +1,46 @@
 """rtml's build: the package, with its hot path compiled to C by mypyc where it can be.
 
 The list of compiled modules, and how an import picks them or their source, are in
-``rtml/_native.py``. Without a C compiler the extensions are skipped (``optional``) and
-the install is pure Python: the same behaviour, slower.
+``rtml/_native.py``. Without a C compiler (or if mypyc cannot run) the extensions are
+skipped and the install is pure Python: the same behaviour, slower. The stamp that lets
+an import trust the compiled modules is written only once every one of them is built.
 """
 
+import os
 import runpy
+import warnings
 from pathlib import Path
 
-from mypyc.build import mypycify
 from setuptools import setup
+from setuptools.command.build_ext import build_ext
 
 native = runpy.run_path("rtml/_native.py")
-extensions = mypycify(list(native["COMPILED"]), group_name=native["GROUP"])
-for extension in extensions:
-    extension.optional = True
-Path("rtml", native["STAMP"]).write_text(native["stamp_text"](Path(".")))
-setup(ext_modules=extensions)
+
+
+class BuildAndStamp(build_ext):
+    def run(self) -> None:
+        package = Path("rtml") if self.inplace else Path(self.build_lib, "rtml")
+        stamp = package / native["STAMP"]
+        stamp.unlink(missing_ok=True)
+        super().run()
+        if self.extensions and all(os.path.exists(self.get_ext_fullpath(ext.name))
+                                   for ext in self.extensions):
+            package.mkdir(parents=True, exist_ok=True)
+            stamp.write_text(native["stamp_text"](Path(".")))
+
+
+def compiled_extensions() -> list:
+    try:
+        from mypyc.build import mypycify
+
+        extensions = mypycify(list(native["COMPILED"]), group_name=native["GROUP"])
+    except (Exception, SystemExit) as exc:  # mypyc reports type errors with SystemExit
+        warnings.warn(f"rtml: mypyc could not compile the hot path ({exc}); installing "
+                      "pure Python", stacklevel=1)
+        return []
+    for extension in extensions:
+        extension.optional = True
+    return extensions
+
+
+setup(ext_modules=compiled_extensions(), cmdclass={"build_ext": BuildAndStamp})

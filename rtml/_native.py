@@ -3,12 +3,14 @@
 ``setup.py`` compiles :data:`COMPILED`, the hot path (submit -> run -> result), with
 mypyc where a C compiler is present; without one the install is pure Python and behaves
 the same, slower. The source stays the one definition of what these modules do: the
-build records a digest of each file (:data:`STAMP`), and importing rtml loads the source
+build records a digest of every ``.py`` file of the package (:data:`STAMP`: compiled code
+also bakes in other modules' types and constants), and importing rtml loads the source
 instead of the compiled modules when
 
-- ``RTML_PURE_PYTHON=1`` is set (to profile or debug the Python), or
-- a compiled module's source changed after the build (an editable install not rebuilt
-  since an edit or a pull): what runs is then still what the source says, with a warning.
+- ``RTML_PURE_PYTHON=1`` is set (to profile or debug the Python; set it where the
+  cluster's daemons start too, as their workers load what their node manager chose), or
+- a file changed after the build (an editable install not rebuilt since an edit or a
+  pull): what runs is then still what the source says, with a warning.
 
 It is all or none: compiled modules call each other's classes directly, so one module
 from source next to compiled ones would meet two versions of the same class.
@@ -59,28 +61,32 @@ COMPILED = (
 GROUP = "rtml_native"
 """mypyc's name for the shared library that holds them all (``rtml_native__mypyc``)."""
 STAMP = "_native_stamp"
-"""A file in the rtml package written by the build: one ``path digest`` line per module."""
+"""A file in the rtml package written once the build compiled everything: one ``path
+digest`` line per ``.py`` file of the package."""
 PURE_ENV = "RTML_PURE_PYTHON"
 
 
 def stamp_text(root: Path) -> str:
-    """The stamp for the sources under ``root`` (the project root or site-packages)."""
-    return "".join(f"{path} {_digest(root / path)}\n" for path in COMPILED)
+    """The stamp for the package under ``root`` (the project root or site-packages)."""
+    return "".join(f"{path} {digest}\n" for path, digest in _digests(root).items())
 
 
-def _digest(path: Path) -> str:
-    return hashlib.blake2b(path.read_bytes(), digest_size=16).hexdigest()
+def _digests(root: Path) -> dict[str, str]:
+    return {path.relative_to(root).as_posix():
+            hashlib.blake2b(path.read_bytes(), digest_size=16).hexdigest()
+            for path in sorted((root / "rtml").rglob("*.py"))}
 
 
 def changed_since_build(root: Path) -> list[str]:
-    """The compiled modules whose source differs from the build's; all if no stamp."""
+    """The package's files added, removed or edited since the build (the stamp itself if
+    the build did not finish)."""
     try:
-        built = dict(line.split(" ", 1) for line in
-                     (root / "rtml" / STAMP).read_text().splitlines())
+        lines = (root / "rtml" / STAMP).read_text().splitlines()
     except OSError:
-        return list(COMPILED)
-    return [path for path in COMPILED
-            if not (root / path).exists() or built.get(path) != _digest(root / path)]
+        return [f"rtml/{STAMP} (missing)"]
+    built = dict(line.split(" ", 1) for line in lines)
+    now = _digests(root)
+    return sorted(path for path in built.keys() | now.keys() if built.get(path) != now.get(path))
 
 
 def choose() -> str:
@@ -89,19 +95,20 @@ def choose() -> str:
     "source" puts a finder first on ``sys.meta_path`` that loads :data:`COMPILED` from
     their ``.py`` files.
     """
-    if importlib.util.find_spec(f"{GROUP}__mypyc") is None:
-        return "pure"
-    if os.environ.get(PURE_ENV) != "1":
+    built = importlib.util.find_spec(f"{GROUP}__mypyc") is not None
+    if built and os.environ.get(PURE_ENV) != "1":
         changed = changed_since_build(Path(__file__).resolve().parent.parent)
         if not changed:
             return "compiled"
-        warnings.warn(f"rtml: {', '.join(changed)} changed after rtml was compiled; "
-                      "running the source, which is slower. Rebuild with "
-                      "`pip install -e .` (or set RTML_PURE_PYTHON=1 to silence this)",
-                      RuntimeWarning, stacklevel=3)
+        shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if changed[3:] else "")
+        warnings.warn(f"rtml: the compiled build does not match the source ({shown}); "
+                      "running the source, which is slower. Rebuild with `pip install -e .` "
+                      "(or set RTML_PURE_PYTHON=1 to silence this)", RuntimeWarning,
+                      stacklevel=3)
     if not any(isinstance(finder, _SourceFinder) for finder in sys.meta_path):
+        # Also without the library: compiled modules left without it could not load.
         sys.meta_path.insert(0, _SourceFinder())
-    return "source"
+    return "source" if built else "pure"
 
 
 class _SourceFinder(importlib.abc.MetaPathFinder):

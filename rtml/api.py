@@ -79,7 +79,7 @@ def init(address: str | None = None, *, num_cpus: float | None = None,
         else:
             session, head_address, nm_address, token = _join_info(address, token, _node_id)
         rt = _connect(session, head_address, nm_address, token, namespace or "",
-                      log_to_driver)
+                      bool(log_to_driver))
         context.set_runtime(rt)
         _defer_ctrl_c(rt)
         _context = InitContext({"address": head_address, "node_id": rt.node_id.hex(),
@@ -227,19 +227,22 @@ def _as_refs(value: Any, what: str) -> tuple[list[ObjectRef], bool]:
                     f"passed")
 
 
-def _check_timeout(timeout: float | None, what: str) -> None:
-    if timeout is not None and not timeout >= 0:
+def _seconds(timeout: float | None, what: str) -> float | None:
+    """``timeout`` checked, as a float (an int or a numpy number is one to the user, not to
+    the compiled runtime, which checks its argument types)."""
+    if timeout is None:
+        return None
+    if not timeout >= 0:
         raise ValueError(f"{what} timeout must be None (wait forever) or >= 0 seconds, got "
                          f"{timeout!r}")
+    return float(timeout)
 
 
 def get(refs: Any, *, timeout: float | None = None) -> Any:
     """Block for the value(s) of ``refs``; raises the task's error or GetTimeoutError."""
     rt = context.require_runtime()
     ref_list, single = _as_refs(refs, "get()")
-    if timeout is not None:
-        _check_timeout(timeout, "get()")
-    values = rt.get(ref_list, timeout)
+    values = rt.get(ref_list, None if timeout is None else _seconds(timeout, "get()"))
     return values[0] if single else values
 
 
@@ -259,7 +262,7 @@ def wait(refs: list[ObjectRef], *, num_returns: int = 1, timeout: float | None =
     if isinstance(refs, ObjectRef) or not isinstance(refs, (list, tuple)):
         raise TypeError(f"wait() takes a list of ObjectRefs, got {type(refs).__name__}")
     ref_list, _ = _as_refs(refs, "wait()") if refs else ([], False)
-    _check_timeout(timeout, "wait()")
+    timeout = _seconds(timeout, "wait()")
     ids = set(map(_ID, ref_list))
     if len(ids) != len(ref_list):
         raise ValueError("wait() got duplicate ObjectRefs; pass each ref once")
@@ -268,7 +271,7 @@ def wait(refs: list[ObjectRef], *, num_returns: int = 1, timeout: float | None =
     if not isinstance(num_returns, int) or not 1 <= num_returns <= len(ref_list):
         raise ValueError(f"num_returns must be between 1 and len(refs)={len(ref_list)}, "
                          f"got {num_returns!r}")
-    ready = _wait_ready(rt, ref_list, ids, num_returns, timeout, fetch_local)
+    ready = _wait_ready(rt, ref_list, ids, num_returns, timeout, bool(fetch_local))
     if len(ready) == len(ids):
         return ref_list[:num_returns], ref_list[num_returns:]
     chosen: list[ObjectRef] = []
@@ -329,7 +332,7 @@ def cancel(ref: ObjectRef, *, force: bool = False, recursive: bool = True) -> No
     its worker is killed, and the workers running its tasks stop with their owner."""
     if not isinstance(ref, ObjectRef):
         raise TypeError(f"cancel() takes an ObjectRef, got {type(ref).__name__}")
-    context.require_runtime().owner.cancel(ref, force, recursive)
+    context.require_runtime().owner.cancel(ref, bool(force), bool(recursive))
 
 
 def kill(actor: ActorHandle, *, no_restart: bool = True) -> None:

@@ -54,6 +54,11 @@ class ActorClass(Exported):
         self.__name__ = cls.__name__
         self.__doc__ = cls.__doc__
 
+    def __reduce__(self) -> tuple[type[ActorClass], tuple[type, dict[str, Any]]]:
+        # Pickled with the code that uses it (cloudpickle, by value; the state is not
+        # ours to pickle: a runtime): compiled, the default would call __init__().
+        return ActorClass, (self._cls, self._options)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(f"actor class {self.__name__!r} cannot be instantiated directly; "
                         f"use {self.__name__}.remote(...) to start an actor")
@@ -127,6 +132,9 @@ class _BoundClass:
     def __init__(self, actor_class: ActorClass, options: dict[str, Any]) -> None:
         self._actor_class = actor_class
         self._opts = options
+
+    def __reduce__(self) -> tuple[type[_BoundClass], tuple[ActorClass, dict[str, Any]]]:
+        return _BoundClass, (self._actor_class, self._opts)
 
     def remote(self, *args: Any, **kwargs: Any) -> ActorHandle:
         return self._actor_class._create(self._opts, args, kwargs)

@@ -28,7 +28,7 @@ def set_counter(counter: Any) -> None:
 class ObjectRef:
     """A reference to a value that exists now or will exist when its task ends."""
 
-    __slots__ = ("id", "owner", "_counted", "__weakref__")
+    __slots__ = ("id", "owner", "_counted")  # no weak references: compiled, it has none
 
     def __init__(self, object_id: bytes, owner: bytes) -> None:
         self.id = object_id
@@ -39,7 +39,8 @@ class ObjectRef:
             counter.incref(object_id, owner)
 
     def __del__(self) -> None:
-        counter = self._counted
+        # Unset if __init__ failed (bad arguments): compiled, reading it would crash.
+        counter = getattr(self, "_counted", None)
         if counter is not None and counter is _counter:
             counter.decref(self.id, self.owner)
 

@@ -53,6 +53,9 @@ def check_options(options: dict[str, Any], allowed: set[str], what: str) -> dict
     retries = options.get("max_retries")
     if retries is not None and (not isinstance(retries, int) or retries < -1):
         raise ValueError(f"max_retries must be an int >= -1 (-1: forever), got {retries!r}")
+    given_name = options.get("name")
+    if given_name is not None and not isinstance(given_name, str):
+        raise TypeError(f"name must be a str, got {given_name!r}")
     resources = options.get("resources")
     if resources is not None and not isinstance(resources, dict):
         raise TypeError(f"resources must be a dict of name -> amount, got {resources!r}")

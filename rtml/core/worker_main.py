@@ -1,4 +1,6 @@
-"""Entry point of every worker process: ``python -m rtml.core.worker_main CONFIG_JSON``.
+"""Entry point of every worker process: ``main(argv)``, called in a child the worker
+zygote (``rtml.core.worker_zygote``) forks. This module is compiled, so it is not run
+with ``python -m``.
 
     node manager --spawns--> worker
     worker --Hello(role=worker)--> node manager; --WorkerListening(address)--> node manager
@@ -155,6 +157,3 @@ def _become_actor(rt: ClientRuntime, executor: Executor, msg: m.BecomeActor) -> 
     error = executor.become_actor(msg.spec, msg.gpu_ids)
     rt.nm.send(m.ActorReady(msg.spec.actor_id, error))
 
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))

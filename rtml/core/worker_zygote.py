@@ -4,7 +4,7 @@
                                           fork() -> child: stdio to its log, worker_main.main()
     node manager <--"<pid>\\n"---------- zygote stdout
 
-A fresh ``python -m rtml.core.worker_main`` spends ~0.5 s importing before it
+A fresh Python process spends ~0.5 s importing the worker code before it
 can serve; a fork of this already-imported, single-threaded template is ready
 in milliseconds. The zygote dies with its node manager, and each worker with
 its zygote; exited workers are reaped by the kernel (SIGCHLD ignored here,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -570,3 +572,42 @@ def test_a_bound_method_can_be_passed_to_a_task() -> None:
     c = Counter.remote(40)
     assert rtml.get(call_method.remote(c.incr, 2), timeout=60) == 42
     assert rtml.get(c.get.remote(), timeout=60) == 42
+
+
+SCRIPT_ACTORS = """
+import copy, rtml
+
+@rtml.remote
+class Counter:
+    def __init__(self, start):
+        self.n = start
+    def add(self, k):
+        self.n += k
+        return self.n
+
+@rtml.remote
+def make_and_call(start):
+    c = Counter.remote(start)  # the class travels with the task, by value
+    return rtml.get(c.add.remote(1))
+
+@rtml.remote
+def given(cls):
+    return rtml.get(cls.options(max_restarts=0).remote(10).add.remote(5))
+
+rtml.init(num_cpus=2)
+try:
+    first = rtml.get(Counter.remote(0).add.remote(2))  # the class is exported here first
+    print(first, rtml.get(make_and_call.remote(40)), rtml.get(given.remote(Counter)),
+          copy.copy(Counter).__name__, copy.copy(Counter.options(name="c")).remote(1) is not None)
+finally:
+    rtml.shutdown()
+"""
+
+
+def test_a_task_creates_actors_of_a_class_defined_in_the_script() -> None:
+    # Classes of __main__ are pickled by value with the task that uses them: the pickle
+    # must not carry the driver's runtime, and must rebuild the class in the worker.
+    out = subprocess.run([sys.executable, "-c", SCRIPT_ACTORS], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-5:] == ["2", "41", "15", "Counter", "True"]

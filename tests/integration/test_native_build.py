@@ -84,5 +84,5 @@ print(" | ".join(str(w.message) for w in caught))
         return
     assert choice == "source"
     assert owner_file.endswith("owner.py")
-    assert "rtml/ids.py changed after rtml was compiled" in warned
+    assert "the compiled build does not match the source (rtml/ids.py)" in warned
     assert "pip install -e ." in warned

@@ -6,6 +6,8 @@ import asyncio
 import concurrent.futures
 import os
 import pickle
+import subprocess
+import sys
 import time
 
 import pytest
@@ -431,3 +433,32 @@ def test_timed_out_gets_leave_no_waiters_behind(tmp_path) -> None:
     finally:
         open(release, "w").close()
     assert rtml.get(ref, timeout=30) is None
+
+
+def test_arguments_of_other_numeric_types_are_taken_as_python_ones(cluster: None) -> None:
+    # The runtime is compiled and checks its argument types: api converts what users pass.
+    import numpy as np
+
+    ref = square.remote(3)
+    assert rtml.get(ref, timeout=np.int64(30)) == 9
+    assert rtml.get(ref, timeout=np.float32(30.0)) == 9
+    assert rtml.wait([ref], fetch_local=1, timeout=np.int64(30)) == ([ref], [])
+    rtml.cancel(ref, force=0, recursive=None)  # finished: nothing to cancel
+    assert rtml.get(ref) == 9
+
+
+def test_a_name_that_is_not_a_str_is_refused(cluster: None) -> None:
+    with pytest.raises(TypeError, match="name must be a str, got b'x'"):
+        square.options(name=b"x")
+
+
+def test_an_object_ref_built_with_bad_arguments_raises_and_does_not_crash() -> None:
+    script = ("import rtml\n"
+              "try:\n"
+              "    rtml.ObjectRef(b'x' * 20)\n"
+              "except TypeError as exc:\n"
+              "    print('TypeError', 'owner' in str(exc))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["TypeError", "True"]
