@@ -22,9 +22,11 @@ class BuildAndStamp(build_ext):
         package = Path("rtml") if self.inplace else Path(self.build_lib, "rtml")
         stamp = package / native["STAMP"]
         stamp.unlink(missing_ok=True)
+        built = [self.get_ext_fullpath(ext.name) for ext in self.extensions]
+        for path in built:  # an extension that fails now must not leave an older one
+            Path(path).unlink(missing_ok=True)
         super().run()
-        if self.extensions and all(os.path.exists(self.get_ext_fullpath(ext.name))
-                                   for ext in self.extensions):
+        if built and all(os.path.exists(path) for path in built):
             package.mkdir(parents=True, exist_ok=True)
             stamp.write_text(native["stamp_text"](Path(".")))
 
