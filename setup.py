@@ -6,7 +6,6 @@ skipped and the install is pure Python: the same behaviour, slower. The stamp th
 an import trust the compiled modules is written only once every one of them is built.
 """
 
-import os
 import runpy
 import warnings
 from pathlib import Path
@@ -19,15 +18,17 @@ native = runpy.run_path("rtml/_native.py")
 
 class BuildAndStamp(build_ext):
     def run(self) -> None:
-        package = Path("rtml") if self.inplace else Path(self.build_lib, "rtml")
-        stamp = package / native["STAMP"]
+        # In place, setuptools builds into build_lib, then copies what is there to the tree.
+        outputs = [Path(self.build_lib)] + ([Path(".")] if self.inplace else [])
+        names = [self.get_ext_filename(ext.name) for ext in self.extensions]
+        stamp = outputs[-1] / "rtml" / native["STAMP"]
         stamp.unlink(missing_ok=True)
-        built = [self.get_ext_fullpath(ext.name) for ext in self.extensions]
-        for path in built:  # an extension that fails now must not leave an older one
-            Path(path).unlink(missing_ok=True)
+        for base in outputs:  # an extension that fails now must not leave an older one
+            for name in names:
+                (base / name).unlink(missing_ok=True)
         super().run()
-        if built and all(os.path.exists(path) for path in built):
-            package.mkdir(parents=True, exist_ok=True)
+        if names and all((outputs[-1] / name).exists() for name in names):
+            stamp.parent.mkdir(parents=True, exist_ok=True)
             stamp.write_text(native["stamp_text"](Path(".")))
 
 
