@@ -92,8 +92,8 @@ def changed_since_build(root: Path) -> list[str]:
 def choose() -> str:
     """Called first by ``import rtml``: "compiled", "source" or "pure" (no compiled build).
 
-    "source" puts a finder first on ``sys.meta_path`` that loads :data:`COMPILED` from
-    their ``.py`` files.
+    Unless "compiled", puts a finder first on ``sys.meta_path`` that loads
+    :data:`COMPILED` from their ``.py`` files.
     """
     built = importlib.util.find_spec(f"{GROUP}__mypyc") is not None
     if built and os.environ.get(PURE_ENV) != "1":
