@@ -47,7 +47,6 @@ COMPILED = (
     "rtml/core/arguments.py",
     "rtml/core/calls.py",
     "rtml/core/context.py",
-    "rtml/core/executor.py",
     "rtml/core/memory_store.py",
     "rtml/core/object_ref.py",
     "rtml/core/owner.py",
@@ -55,7 +54,8 @@ COMPILED = (
     "rtml/core/runtime.py",
     "rtml/core/serialization.py",
     "rtml/core/submitter.py",
-    "rtml/core/worker_main.py",
+    "rtml/worker/executor.py",
+    "rtml/worker/main.py",
 )
 """Paths from the project root."""
 GROUP = "rtml_native"

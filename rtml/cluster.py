@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rtml.config import TOKEN_ENV, HeadConfig, NodeConfig
+from rtml.config import DIE_WITH_PARENT_ENV, TOKEN_ENV, HeadConfig, NodeConfig
 from rtml.control_plane import RedisProcess, start_redis
 from rtml.exceptions import ProtocolError, RtmlSystemError
 from rtml.ids import random_id
@@ -82,7 +82,8 @@ def launch_daemon(module: str, config_json: str, session: Session, name: str,
     group); ``own_group`` gives one to a child that does, too.
     """
     read_fd, write_fd = os.pipe()
-    env = dict(os.environ, RTML_DIE_WITH_PARENT="1" if die_with_parent else "0")
+    env = dict(os.environ)
+    env[DIE_WITH_PARENT_ENV] = str(os.getpid()) if die_with_parent else "0"
     env[TOKEN_ENV] = token
     with open(session.log_file(f"{name}-out"), "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", module, config_json, str(write_fd)],
@@ -140,7 +141,7 @@ def start_head_node(session: Session, token: str, node: NodeConfig, *, port: int
     try:
         head_cfg = HeadConfig(str(session.root), token, redis.host, redis.port, host,
                               listener.getsockname()[1], listen_fd=listener.fileno())
-        head = launch_daemon("rtml.scheduler.head", head_cfg.to_json(), session, "head",
+        head = launch_daemon("rtml.head.main", head_cfg.to_json(), session, "head",
                              die_with_parent, token, pass_fds=(listener.fileno(),),
                              own_group=own_group)
         started.procs.append(head.proc)
@@ -182,7 +183,7 @@ def _launch_node_manager(started: StartedNode, node: NodeConfig, die_with_parent
                          own_group: bool) -> Launched:
     cfg = NodeConfig(**{**node.__dict__, "head_address": started.head_address,
                         "session_dir": str(started.session.root)})
-    launched = launch_daemon("rtml.scheduler.node_main", cfg.to_json(), started.session,
+    launched = launch_daemon("rtml.node.main", cfg.to_json(), started.session,
                              "node_manager", die_with_parent, node.token,
                              own_group=own_group)
     started.procs.append(launched.proc)

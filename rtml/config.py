@@ -15,6 +15,9 @@ INLINE_MAX = 100 * 1024
 TOKEN_ENV = "RTML_CLUSTER_TOKEN"
 """Children get the cluster token in their environment, never on their command line."""
 
+DIE_WITH_PARENT_ENV = "RTML_DIE_WITH_PARENT"
+"""A daemon launched with this set to its launcher's pid dies with the launcher."""
+
 HEARTBEAT_INTERVAL = 0.5
 DEFAULT_NODE_TIMEOUT = 10.0
 """Seconds without a heartbeat after which the head declares a node dead (RTML_NODE_TIMEOUT_S)."""

@@ -1,28 +1,42 @@
-"""What every daemon entry point shares: logging, readiness pipes, dying with a parent."""
+"""What every daemon entry point shares: logging, readiness pipes, dying with a parent,
+and running its background loops until it is told to stop."""
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
-import itertools
 import logging
 import os
 import signal
+from collections.abc import Coroutine
 from typing import Any
 
-from rtml.exceptions import ProtocolError
-from rtml.rpc import messages as m
-from rtml.rpc.framing import FrameDecoder, frame
+from rtml.config import DIE_WITH_PARENT_ENV
 
 log = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True)  # loaded before any fork: a child only makes the call
 
 
-def die_with_parent() -> None:
-    """Ask the kernel to SIGKILL this process when its parent exits (Linux)."""
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+def die_with_parent(parent_pid: int) -> None:
+    """Ask the kernel to SIGKILL this process when its parent ``parent_pid`` exits (Linux).
+
+    If the parent is already gone (it exited before the request took effect, so this
+    process was adopted and no signal would ever come), die now. Safe in a
+    ``preexec_fn``: it only makes system calls.
+    """
+    _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def die_with_launcher() -> None:
+    """At a daemon's entry: die with the process that launched it, if it asked to
+    (``DIE_WITH_PARENT_ENV`` holds its pid)."""
+    parent_pid = int(os.environ.get(DIE_WITH_PARENT_ENV, "0"))
+    if parent_pid:
+        die_with_parent(parent_pid)
 
 
 def pid_alive(pid: int) -> bool:
@@ -48,136 +62,29 @@ def report_ready(fd: int, text: str) -> None:
         os.close(fd)
 
 
-async def open_framed(address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    if address.startswith("unix:"):
-        return await asyncio.open_unix_connection(address[5:])
-    host, _, port = address.rpartition(":")
-    return await asyncio.open_connection(host, int(port))
+class _Stopped(Exception):
+    """Raised inside the task group to end it once the daemon is told to stop."""
 
 
-class FramedClient:
-    """An asyncio client connection with framing, used by daemons to reach the head."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
-        self.decoder = FrameDecoder()
-        self._frames: list[bytes | memoryview] = []
-
-    @classmethod
-    async def connect(cls, address: str, hello: m.Hello, timeout: float = 10.0) -> tuple[
-            FramedClient, m.HelloReply]:
-        """Connect and authenticate. Raises OSError, TimeoutError or ProtocolError."""
-        reader, writer = await asyncio.wait_for(open_framed(address), timeout)
-        client = cls(reader, writer)
-        client.send(hello)
-        reply = await asyncio.wait_for(client.receive(), timeout)
-        if not isinstance(reply, m.HelloReply) or not reply.ok:
-            raise ProtocolError(getattr(reply, "error", "bad handshake reply"))
-        return client, reply
-
-    def send(self, msg: m.Msg) -> None:
-        self.writer.write(frame(m.encode(msg)))
-
-    async def receive(self) -> Any:
-        """The next message; raises ConnectionError at EOF."""
-        while not self._frames:
-            data = await self.reader.read(1 << 16)
-            if not data:
-                raise ConnectionError("connection closed")
-            self._frames.extend(self.decoder.feed(data))
-        return m.decode(self._frames.pop(0))
-
-    def close(self) -> None:
-        self.writer.close()
+async def _raise_when(stopped: asyncio.Event) -> None:
+    await stopped.wait()
+    raise _Stopped
 
 
-class NodeLinks:
-    """A node manager's connections to the other node managers, opened on first use.
+async def run_until_stopped(stopped: asyncio.Event,
+                            *tasks: Coroutine[Any, Any, None]) -> None:
+    """Run a daemon's background tasks in one task group until ``stopped`` is set.
 
-    ``send`` never blocks: messages queue until the connection is up (or until the
-    node's address arrives in the head's node table), then go out in order.
-    :meth:`fence` waits until the other end has handled what was sent before it.
+    The group owns them: one that raises cancels the others and its error is raised here
+    (the daemon's entry logs it and exits non-zero), instead of a loop ending unseen while
+    the daemon goes on half-working. A task may also just return.
     """
-
-    def __init__(self, hello: m.Hello) -> None:
-        self.hello = hello
-        self.addresses: dict[bytes, str] = {}
-        self._clients: dict[bytes, FramedClient] = {}
-        self._queues: dict[bytes, list[m.Msg]] = {}
-        self._tasks: dict[bytes, asyncio.Task[None]] = {}
-        self._fences: dict[bytes, dict[int, asyncio.Future[None]]] = {}
-        self._fence_ids = itertools.count(1)
-
-    def send(self, node_id: bytes, msg: m.Msg) -> None:
-        client = self._clients.get(node_id)
-        if client is not None:
-            client.send(msg)
-            return
-        self._queues.setdefault(node_id, []).append(msg)
-        if node_id not in self._tasks and node_id in self.addresses:
-            self._tasks[node_id] = asyncio.get_running_loop().create_task(self._run(node_id))
-
-    async def fence(self, node_id: bytes) -> None:
-        """Return once ``node_id`` has handled every message sent to it before this call,
-        or its link failed (then nothing more can be known, or done, there)."""
-        req_id = next(self._fence_ids)
-        future = asyncio.get_running_loop().create_future()
-        self._fences.setdefault(node_id, {})[req_id] = future
-        self.send(node_id, m.LinkFence(req_id))
-        await future
-
-    def _fenced(self, node_id: bytes, req_id: int | None = None) -> None:
-        """Resolve fence ``req_id`` on ``node_id``'s link, or all of them (the link failed)."""
-        fences = self._fences.get(node_id, {})
-        for future in [fences.pop(req_id, None)] if req_id is not None else fences.values():
-            if future is not None and not future.done():
-                future.set_result(None)
-        if req_id is None or not fences:
-            self._fences.pop(node_id, None)
-
-    def address_known(self, node_id: bytes, address: str) -> None:
-        self.addresses[node_id] = address
-        if node_id in self._queues and node_id not in self._tasks:
-            self._tasks[node_id] = asyncio.get_running_loop().create_task(self._run(node_id))
-
-    async def _run(self, node_id: bytes) -> None:
-        address = self.addresses[node_id]
-        try:
-            client, _ = await FramedClient.connect(address, self.hello)
-        except (OSError, TimeoutError, ProtocolError) as exc:
-            dropped = self._queues.pop(node_id, [])
-            log.warning("cannot reach node %s at %s (%s); dropped %d message(s)",
-                        node_id.hex(), address, exc, len(dropped))
-            self._tasks.pop(node_id, None)
-            self._fenced(node_id)
-            return
-        for msg in self._queues.pop(node_id, []):
-            client.send(msg)
-        self._clients[node_id] = client
-        try:
-            while True:
-                msg = await client.receive()  # fence answers; this also notices a close
-                if isinstance(msg, m.LinkFenced):
-                    self._fenced(node_id, msg.req_id)
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            self._clients.pop(node_id, None)
-            self._tasks.pop(node_id, None)
-            client.close()
-            self._fenced(node_id)
-
-    def forget(self, node_id: bytes) -> None:
-        """The node died: drop its connection and whatever waits for it."""
-        self._queues.pop(node_id, None)
-        task = self._tasks.pop(node_id, None)
-        if task is not None:
-            task.cancel()
-        self._fenced(node_id)
-
-    def close(self) -> None:
-        for task in self._tasks.values():
-            task.cancel()
-        for client in self._clients.values():
-            client.close()
+    try:
+        async with asyncio.TaskGroup() as group:
+            for task in tasks:
+                group.create_task(task)
+            group.create_task(_raise_when(stopped))
+    except BaseExceptionGroup as raised:
+        errors = [exc for exc in raised.exceptions if not isinstance(exc, _Stopped)]
+        if errors:
+            raise errors[0] from None  # the first: it cancelled the others

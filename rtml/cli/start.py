@@ -29,9 +29,10 @@ from typing import Any
 from rtml import cluster
 from rtml.cli.options import CliError, session_flag, session_of
 from rtml.config import NodeConfig, default_object_store_memory, parse_resources
-from rtml.daemon import FramedClient, pid_alive
+from rtml.daemon import pid_alive
 from rtml.exceptions import ProtocolError, RtmlSystemError
 from rtml.ids import random_id
+from rtml.rpc.client import FramedClient
 from rtml.rpc.reactor import make_hello
 from rtml.session import Session, default_session_dir, new_token
 
@@ -156,11 +157,12 @@ def _write_record(started: cluster.StartedNode, role: str, redis_host: str,
 
 
 def _module_name(argv: Any) -> str:
-    """The process's short name: ``node_manager`` for ``python -m rtml.scheduler.node_manager``."""
+    """The process's short name: ``node`` for ``python -m rtml.node.main``."""
     try:
-        return str(argv[argv.index("-m") + 1]).rsplit(".", 1)[-1]
+        package, _, module = str(argv[argv.index("-m") + 1]).rpartition(".")
     except (ValueError, IndexError, AttributeError):
         return "process"
+    return package.rpartition(".")[2] if module == "main" else module
 
 
 def _print_head_started(started: cluster.StartedNode, token: str, session: Session) -> None:

@@ -19,11 +19,10 @@ the command line, so other local users cannot read it from ``ps``.
 from __future__ import annotations
 
 import collections
-import ctypes
+import functools
 import logging
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -31,6 +30,7 @@ import threading
 from collections.abc import Callable
 from typing import IO, NoReturn
 
+from rtml.daemon import die_with_parent
 from rtml.exceptions import RtmlSystemError
 
 logger = logging.getLogger(__name__)
@@ -39,7 +39,6 @@ ENV_REDIS_SERVER = "RTML_REDIS_SERVER"
 _READY_MARKER = b"eady to accept connections"  # "Ready ..." (6.x) and "ready ..." (7.x unix)
 _BIND_FAILURE_MARKERS = (b"Address already in use", b"Could not create server TCP listening")
 _PORT_ATTEMPTS = 3
-_PR_SET_PDEATHSIG = 1
 _LOG_TAIL_LINES = 30
 
 
@@ -247,19 +246,8 @@ def _free_port(bind: str) -> int:
 
 
 def _death_signal_setter() -> Callable[[], None] | None:
-    """A ``preexec_fn`` asking the kernel to SIGKILL the child when its parent dies.
-
-    Returns None off Linux. libc is loaded here, before the fork, so the child
-    only makes the syscall.
-    """
+    """A ``preexec_fn`` asking the kernel to SIGKILL the child when this process dies
+    (None off Linux)."""
     if not sys.platform.startswith("linux"):
         return None
-    libc = ctypes.CDLL(None, use_errno=True)  # this process's libc (find_library forks ldconfig)
-    parent_pid = os.getpid()
-
-    def set_death_signal() -> None:
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent_pid:  # the parent died before prctl took effect
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return set_death_signal
+    return functools.partial(die_with_parent, os.getpid())

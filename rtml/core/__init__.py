@@ -1,1 +1,12 @@
-"""rtml.core."""
+"""The client runtime: what a driver (and a worker, for the calls its tasks make) uses to
+submit tasks, call actors, and own, borrow and read objects.
+
+Its face: ``runtime`` (``ClientRuntime``, ``ClientConfig``), ``object_ref``,
+``remote_function``, ``actors`` (classes, handles, callers), ``options``, ``context``
+(the current runtime and task), ``serialization`` and ``memory_store`` (the owner's
+values). ``submitter``, ``owner``, ``references``, ``calls`` and ``arguments`` are the
+runtime's private parts.
+"""
+
+__all__ = ["actors", "context", "memory_store", "object_ref", "options", "remote_function",
+           "runtime", "serialization"]

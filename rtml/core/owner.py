@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from rtml.control_plane.tables import RAN, SUBMITTED
+from rtml.control_plane import RAN, SUBMITTED
 from rtml.core.actors import ActorCaller, ActorLives
 from rtml.core.memory_store import IN_STORE, Entry, StoredError
 from rtml.core.serialization import from_payload, serialize

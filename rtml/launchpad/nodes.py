@@ -20,13 +20,17 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from rtml.launchpad import context as ctx
 from rtml.launchpad.courier import HANDLER_THREADS, CourierClient, CourierServer
 
-if TYPE_CHECKING:
-    from rtml.launchpad.program import Program
+
+class Owner(Protocol):
+    """The program a node was added to (``rtml.launchpad.program.Program``), as a node
+    sees it: it only names it."""
+
+    name: str
 
 
 class Handle:
@@ -102,7 +106,7 @@ class Node:
         self.uid = uuid.uuid4().hex[:12]
         self.label = ""
         self.index: int | str = 0
-        self.program: Program | None = None
+        self.program: Owner | None = None
         self.should_run = True
 
     def disable_run(self) -> None:

@@ -1,1 +1,5 @@
-"""rtml.rpc."""
+"""The wire: framing, the typed messages, the token handshake, and the connections that
+carry them (``reactor``: the client runtime's threads; ``server``: the asyncio daemons'
+side; ``client``: an asyncio client of a daemon); ``protos``: the gRPC transfer service."""
+
+__all__ = ["auth", "client", "framing", "messages", "protos", "reactor", "server"]

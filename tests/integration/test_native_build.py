@@ -22,8 +22,8 @@ import rtml.core.owner
 
 @rtml.remote
 def where():
-    import rtml.core.executor
-    return rtml.BUILD, rtml.core.executor.__file__
+    import rtml.worker.executor
+    return rtml.BUILD, rtml.worker.executor.__file__
 
 rtml.init(num_cpus=1)
 try:

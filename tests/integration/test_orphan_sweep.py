@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from rtml.scheduler.node_manager import ORPHAN_MIN_AGE, sweep_orphaned_segments
+from rtml.node.manager import ORPHAN_MIN_AGE, sweep_orphaned_segments
 
 
 def _dead_pid() -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from rtml.daemon import NodeLinks
+from rtml.node.links import NodeLinks
 from rtml.rpc import messages as m
 from rtml.rpc.framing import FrameDecoder, frame
 from rtml.rpc.reactor import make_hello

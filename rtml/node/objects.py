@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from rtml.control_plane import ControlPlane, location_field
-from rtml.daemon import NodeLinks
 from rtml.exceptions import ObjectLostError, RtmlSystemError
+from rtml.node.links import NodeLinks
 from rtml.objectstore import segment
 from rtml.objectstore.remote import RemoteHolds
 from rtml.objectstore.store import Delete, NotifyLost, NotifyReady, Restore, Spill, StoreCore

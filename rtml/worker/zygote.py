@@ -1,7 +1,7 @@
-"""The worker template process: imports the worker code once, then forks workers.
+"""The worker template (zygote) process: imports the worker code once, then forks workers.
 
     node manager --"<config json>\\n"--> zygote stdin
-                                          fork() -> child: stdio to its log, worker_main.main()
+                                          fork() -> child: stdio to its log, rtml.worker.main.main()
     node manager <--"<pid>\\n"---------- zygote stdout
 
 A fresh Python process spends ~0.5 s importing the worker code before it
@@ -21,12 +21,12 @@ import sys
 from collections.abc import Iterator
 
 import rtml.api  # noqa: F401 - preloaded for the forks: tasks call rtml.get, rtml.remote...
-from rtml.core import worker_main
-from rtml.daemon import die_with_parent
+from rtml.daemon import die_with_launcher, die_with_parent
+from rtml.worker import main as worker_main
 
 
 def main(argv: list[str]) -> int:
-    die_with_parent()
+    die_with_launcher()  # its node manager, which always asks
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     # What the imports made lives as long as any worker: out of the collector's sight, its
     # full passes in every worker skip it, and its pages stay shared with the forks (a
@@ -34,10 +34,11 @@ def main(argv: list[str]) -> int:
     gc.freeze()
     # Raw fds, no file objects: a child must not inherit wrappers that would close
     # its fds 0 and 1 (by then its stdin and log) when collected.
+    zygote_pid = os.getpid()
     for line in _lines(0):
         pid = os.fork()
         if pid == 0:
-            os._exit(_child(json.loads(line)))
+            os._exit(_child(json.loads(line), zygote_pid))
         os.write(1, f"{pid}\n".encode())
     return 0
 
@@ -50,9 +51,9 @@ def _lines(fd: int) -> Iterator[bytes]:
         yield from lines
 
 
-def _child(request: dict[str, str]) -> int:
+def _child(request: dict[str, str], zygote_pid: int) -> int:
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    die_with_parent()
+    die_with_parent(zygote_pid)
     log_fd = os.open(request["log_path"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     null_fd = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null_fd, 0)

@@ -1,7 +1,8 @@
-"""The node manager: local scheduler, worker pool and object manager of one node.
+"""The node manager's I/O shell: local scheduler, worker pool and object manager of one node.
 
     local clients --unix socket--> NodeManager.on_message     other nodes' owners --TCP--^
-        RequestLease --fits here--> LocalScheduler -> Grant -> LeaseGranted(worker address)
+        RequestLease --> LeaseRouter (rtml.node.leases): queue here and/or spill
+                     --fits here--> LocalScheduler -> Grant -> LeaseGranted(worker address)
                      --no room here, or needs another node--> SpillLease --> head
                        <--LeasePlaced-- (the global scheduler's pick)
                      --> LeaseSpillback(node, address): the owner asks that node instead
@@ -12,8 +13,7 @@
                  --> NodeTable (addresses of the other nodes), NodeDied (forwarded to clients)
     worker exit (pidfd) -> lease freed, holds dropped, pool refilled, head told
 
-Run as ``python -m rtml.scheduler.node_main CONFIG_JSON READY_FD`` (which starts the
-worker zygote first).
+The process's entry is :mod:`rtml.node.main`, which starts the worker zygote first.
 """
 
 from __future__ import annotations
@@ -32,24 +32,18 @@ from typing import Any
 
 from rtml.config import HEARTBEAT_INTERVAL, NodeConfig
 from rtml.control_plane import ControlPlane
-from rtml.daemon import (
-    FramedClient,
-    NodeLinks,
-    die_with_parent,
-    pid_alive,
-    report_ready,
-    setup_logging,
-)
+from rtml.daemon import die_with_launcher, pid_alive, report_ready, run_until_stopped, setup_logging
 from rtml.exceptions import ProtocolError, RtmlSystemError
 from rtml.ids import random_id
-from rtml.objectstore.manager import ObjectManager
+from rtml.node.leases import LeaseRouter, Reply, ToHead
+from rtml.node.links import NodeLinks
+from rtml.node.objects import ObjectManager
+from rtml.node.workers import WorkerLauncher, WorkerProc
 from rtml.rpc import messages as m
+from rtml.rpc.client import FramedClient
 from rtml.rpc.reactor import make_hello
 from rtml.rpc.server import Peer, Service, protocol_factory
 from rtml.scheduler.local import Grant, LocalScheduler, StartActor, StartWorker, StopWorker
-from rtml.scheduler.placement import SPREAD, parse_affinity
-from rtml.scheduler.resources import fits
-from rtml.scheduler.worker_procs import WorkerLauncher, WorkerProc
 from rtml.session import Session
 
 log = logging.getLogger(__name__)
@@ -69,15 +63,6 @@ class Client:
     node_id: bytes = b""  # another node's id for owners leasing here over TCP
     worker: WorkerProc | None = None
     waiters: set[int] = field(default_factory=set)
-
-
-@dataclass
-class Spilling:
-    """A lease request the head is placing; ``queued_here`` if it also waits locally."""
-    peer: Peer
-    msg: m.RequestLease
-    queued_here: bool
-    infeasible: bool = False
 
 
 class NodeManager(Service):
@@ -100,9 +85,7 @@ class NodeManager(Service):
         self.plane: ControlPlane | None = None
         self.clients: set[Peer] = set()
         self.other_nodes: set[bytes] = set()
-        self.spilling: dict[int, Spilling] = {}  # by spill id (our req_id at the head)
-        self.spill_of: dict[tuple[Peer, int], int] = {}  # (client, its req_id) -> spill id
-        self._spill_ids = 0
+        self.leases = LeaseRouter(self.node_id, self.sched)
         self.links = NodeLinks(make_hello(self.token, "node", self.node_id))
         self.objects = ObjectManager(self.node_id, self.namespace, str(self.session.spill),
                                      cfg.object_store_memory, self.token, self.links,
@@ -134,14 +117,17 @@ class NodeManager(Service):
                                   self.token)
         self.head.send(m.RegisterNode(self.node_id, self.address, self.unix_path,
                                       self.sched.total, str(self.session.root)))
-        self._tasks = [asyncio.create_task(self._heartbeat()),
-                       asyncio.create_task(self._head_loop())]
         self._run(self.sched.ensure_pool(0))
-        try:  # so that rtml.nodes() lists this node once we report ready
+
+    async def ready_when_registered(self, ready_fd: int) -> None:
+        """Report ready once the head answered our registration, so that ``rtml.nodes()``
+        lists this node by then. Raises RtmlSystemError if it does not answer."""
+        try:
             await asyncio.wait_for(self.registered.wait(), REGISTER_TIMEOUT)
         except TimeoutError:
             raise RtmlSystemError(f"the head at {self.cfg.head_address} did not answer this "
                                   f"node's registration within {REGISTER_TIMEOUT:g} s") from None
+        report_ready(ready_fd, f"ok {self.node_id.hex()} unix:{self.unix_path}")
 
     async def _connect_head(self) -> tuple[FramedClient, m.HelloReply]:
         """Connect and register with the head, retrying a connection that fails or drops
@@ -168,18 +154,17 @@ class NodeManager(Service):
     def _transfer_ready(self, address: str) -> None:
         self.head.send(m.NodeTransferReady(self.node_id, address))
 
-    async def _heartbeat(self) -> None:
+    async def heartbeat_loop(self) -> None:
         while True:
             for worker_id in self.sched.reap_idle(IDLE_WORKER_TICKS):
                 self.workers[worker_id].kill()
-            waiting = [s.msg.shape for s in self.spilling.values() if s.infeasible]
             self.head.send(m.NodeHeartbeat(self.node_id, dict(self.sched.available),
-                                           self.sched.pending_shapes() + waiting))
+                                           self.leases.waiting_shapes()))
             await self.objects.flush(self.plane)
             await self.objects.locate_unknown(self.plane)
             await asyncio.sleep(HEARTBEAT_INTERVAL)
 
-    async def _head_loop(self) -> None:
+    async def head_loop(self) -> None:
         try:
             while True:
                 self._on_head_message(await self.head.receive())
@@ -195,7 +180,7 @@ class NodeManager(Service):
         elif isinstance(msg, m.KillActorWorker):
             self._kill_actor(msg.actor_id)
         elif isinstance(msg, m.LeasePlaced):
-            self._lease_placed(msg)
+            self._run(self.leases.placed(msg))
         elif isinstance(msg, m.NodeTable):
             self.other_nodes = {n.node_id for n in msg.nodes
                                 if n.alive and n.node_id != self.node_id}
@@ -241,10 +226,7 @@ class NodeManager(Service):
     def on_disconnect(self, peer: Peer) -> None:
         client: Client = peer.context
         self.clients.discard(peer)
-        self._run(self.sched.client_gone(peer))
-        for spilling in list(self.spilling.values()):
-            if spilling.peer is peer:
-                self._withdraw_spill(peer, spilling.msg.req_id)
+        self._run(self.leases.client_gone(peer))
         self.objects.client_gone(client.client_id, client.waiters)
         if client.worker is not None:
             self._worker_gone(client.worker, "its connection closed")
@@ -252,71 +234,14 @@ class NodeManager(Service):
     # -- leases ------------------------------------------------------------------------------
 
     def _request_lease(self, peer: Peer, client: Client, msg: m.RequestLease) -> None:
-        feasible = self.sched.feasible(msg.shape)
-        affinity = parse_affinity(msg.strategy)
-        pinned_here = affinity is not None and affinity[0] == self.node_id
-        if msg.spilled or (pinned_here and feasible):
-            self._queue_lease(peer, msg)
-            return
-        if pinned_here and affinity is not None and not affinity[1]:
-            peer.send(m.LeaseFailed(msg.req_id, (
-                f"NodeAffinitySchedulingStrategy(soft=False) pins it to node "
-                f"{self.node_id.hex()}, which does not have {msg.shape}")))
-            return
-        if not feasible or msg.strategy == SPREAD or (affinity and not pinned_here):
-            self._spill(peer, msg, queued_here=False)
-            return
-        busy = not fits(msg.shape, self.sched.available)
-        self._queue_lease(peer, msg)
-        if busy and self.other_nodes:  # the hybrid step: maybe another node has room now
-            self._spill(peer, msg, queued_here=True)
-
-    def _queue_lease(self, peer: Peer, msg: m.RequestLease) -> None:
-        if not self.sched.feasible(msg.shape):
-            peer.send(m.LeaseInfeasible(msg.req_id, msg.shape))
-        self._run(self.sched.request_lease(peer, msg.req_id, msg.shape))
-
-    def _spill(self, peer: Peer, msg: m.RequestLease, queued_here: bool) -> None:
-        self._spill_ids += 1
-        self.spilling[self._spill_ids] = Spilling(peer, msg, queued_here)
-        self.spill_of[(peer, msg.req_id)] = self._spill_ids
-        self.head.send(m.SpillLease(self._spill_ids, msg.shape, msg.strategy,
-                                    msg.preferred_node, must_move=not queued_here))
-
-    def _lease_placed(self, placed: m.LeasePlaced) -> None:
-        spilling = self.spilling.get(placed.req_id)
-        if spilling is None:
-            return
-        peer, msg = spilling.peer, spilling.msg
-        if placed.infeasible:
-            spilling.infeasible = True
-            peer.send(m.LeaseInfeasible(msg.req_id, msg.shape))
-            return
-        del self.spilling[placed.req_id]
-        self.spill_of.pop((peer, msg.req_id), None)
-        if placed.error:
-            if not spilling.queued_here or self.sched.cancel_request(peer, msg.req_id):
-                peer.send(m.LeaseFailed(msg.req_id, placed.error))
-        elif placed.node_id == self.node_id:
-            if not spilling.queued_here:
-                self._queue_lease(peer, msg)
-        elif not spilling.queued_here or self.sched.cancel_request(peer, msg.req_id):
-            peer.send(m.LeaseSpillback(msg.req_id, placed.node_id, placed.address))
+        self._run(self.leases.request(peer, msg, other_nodes=bool(self.other_nodes)))
 
     def _return_lease(self, peer: Peer, client: Client, msg: m.ReturnLease) -> None:
         self._run(self.sched.return_lease(msg.lease_id))
 
     def _cancel_lease_request(self, peer: Peer, client: Client,
                               msg: m.CancelLeaseRequest) -> None:
-        self.sched.cancel_request(peer, msg.req_id)
-        self._withdraw_spill(peer, msg.req_id)
-
-    def _withdraw_spill(self, peer: Peer, req_id: int) -> None:
-        """The request was granted here, or given up: the head may stop placing it."""
-        spill_id = self.spill_of.pop((peer, req_id), None)
-        if spill_id is not None:
-            del self.spilling[spill_id]
-            self.head.send(m.CancelLeaseRequest(spill_id))
+        self._run(self.leases.cancel(peer, msg.req_id))
 
     # -- workers -----------------------------------------------------------------------------
 
@@ -410,8 +335,11 @@ class NodeManager(Service):
                 command.client.send(m.LeaseGranted(command.req_id, command.lease_id,
                                                    command.worker_id, address,
                                                    command.gpu_ids))
-                if self.spill_of:
-                    self._withdraw_spill(command.client, command.req_id)
+                self._run(self.leases.granted(command.client, command.req_id))
+            elif isinstance(command, Reply):
+                command.client.send(command.msg)
+            elif isinstance(command, ToHead):
+                self.head.send(command.msg)
             elif isinstance(command, StartWorker):
                 self._spawn(b"")
             elif isinstance(command, StartActor):
@@ -502,18 +430,17 @@ async def serve(cfg: NodeConfig, ready_fd: int, zygote: subprocess.Popen[bytes])
         loop.add_signal_handler(sig, nm.stopped.set)
     try:
         await nm.start()
-        report_ready(ready_fd, f"ok {nm.node_id.hex()} unix:{nm.unix_path}")
-        await nm.stopped.wait()
+        await run_until_stopped(nm.stopped, nm.heartbeat_loop(), nm.head_loop(),
+                                nm.ready_when_registered(ready_fd))
     finally:
         await nm.shutdown()
 
 
-def main(argv: list[str], zygote: subprocess.Popen[bytes]) -> int:
-    """Run a node manager (entered through :mod:`rtml.scheduler.node_main`)."""
+def run(argv: list[str], zygote: subprocess.Popen[bytes]) -> int:
+    """Run a node manager (entered through :func:`rtml.node.main.main`)."""
     cfg = NodeConfig.from_json(argv[1])
     ready_fd = int(argv[2]) if len(argv) > 2 else -1
-    if os.environ.get("RTML_DIE_WITH_PARENT") == "1":
-        die_with_parent()
+    die_with_launcher()
     setup_logging(str(Session(Path(cfg.session_dir)).log_file("node_manager")))
     try:
         asyncio.run(serve(cfg, ready_fd, zygote))

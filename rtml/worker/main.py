@@ -1,5 +1,5 @@
 """Entry point of every worker process: ``main(argv)``, called in a child the worker
-zygote (``rtml.core.worker_zygote``) forks. This module is compiled, so it is not run
+zygote (``rtml.worker.zygote``) forks. This module is compiled, so it is not run
 with ``python -m``.
 
     node manager --spawns--> worker
@@ -24,8 +24,6 @@ from typing import Any
 
 from rtml.config import TOKEN_ENV
 from rtml.core import context
-from rtml.core.executor import Executor
-from rtml.core.output import OutputTee
 from rtml.core.runtime import ClientConfig, ClientRuntime
 from rtml.exceptions import ProtocolError
 from rtml.rpc import messages as m
@@ -33,6 +31,8 @@ from rtml.rpc.auth import check_hello
 from rtml.rpc.framing import frame
 from rtml.rpc.reactor import Connection, Reactor
 from rtml.session import Session
+from rtml.worker.executor import Executor
+from rtml.worker.output import OutputTee
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,295 @@
+"""The actor directory: every actor's life, as a pure state machine (no socket, no Redis).
+
+    CreateActor --create--> PENDING --place: a node fits--> StartActor(node)
+                               |                              |
+                               | no node fits: waits for      v
+                               | place_pending()          started() --error--> DEAD
+                               v                              |
+                           RESTARTING <--worker_died()--- ALIVE (address)
+                          (restarts left)    |  node_died()
+                                             +--no restarts left, or killed--> DEAD
+
+Each event returns the commands that carry it out, which the head service executes:
+``StartActor`` / ``KillWorker`` go to a node manager, ``Answer`` to a caller waiting for
+the actor's address (or its death), ``Record`` to the control plane and the timeline,
+``ClaimName`` / ``ReleaseName`` to the control plane's named-actor table. A DEAD actor
+also answers its creator unasked (``req_id`` 0), which lets go of the constructor's
+arguments.
+
+Placement is the head's: the directory is given ``pick_node(spec) -> node id | None``
+and ``node_alive(node_id)`` and asks them, so a test drives it with plain functions.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from rtml.rpc import messages as m
+
+
+class Caller(Protocol):
+    """A connection the head answers on (the shell's ``Peer``)."""
+
+    def send(self, msg: m.Msg) -> None: ...
+
+
+class ActorState(enum.StrEnum):
+    PENDING = "PENDING"
+    """Created; waiting for a node, or for its worker to start there."""
+    ALIVE = "ALIVE"
+    """Its constructor ran; callers reach it at ``address``."""
+    RESTARTING = "RESTARTING"
+    """Its process died with restarts left; being placed again."""
+    DEAD = "DEAD"
+    """For good: killed, constructor failed, restarts used up, or out of scope."""
+
+
+@dataclass(frozen=True)
+class Waiter:
+    """A caller waiting for an actor to be ALIVE at an address other than ``stale``."""
+
+    peer: Caller
+    req_id: int
+    stale: str
+
+
+@dataclass
+class Actor:
+    spec: m.ActorSpec
+    owner: Caller | None  # its creator's connection: told when it is DEAD for good
+    state: ActorState = ActorState.PENDING
+    address: str = ""
+    tcp_address: str = ""
+    node_id: bytes = b""
+    restarts: int = 0
+    error: str = ""
+    no_restart: bool = False
+    waiters: list[Waiter] = field(default_factory=list)
+
+    def info(self, req_id: int) -> m.ActorInfo:
+        return m.ActorInfo(req_id, self.spec.actor_id, self.state.value, self.address,
+                           self.error, self.spec, self.tcp_address, self.node_id)
+
+    @property
+    def restarts_left(self) -> bool:
+        limit = self.spec.max_restarts
+        return limit < 0 or self.restarts < limit
+
+
+@dataclass(frozen=True)
+class StartActor:
+    node_id: bytes
+    spec: m.ActorSpec
+
+
+@dataclass(frozen=True)
+class KillWorker:
+    node_id: bytes
+    actor_id: bytes
+
+
+@dataclass(frozen=True)
+class Answer:
+    peer: Caller
+    info: m.ActorInfo
+
+
+@dataclass(frozen=True)
+class Record:
+    actor: Actor
+
+
+@dataclass(frozen=True)
+class ClaimName:
+    namespace: str
+    name: str
+    actor_id: bytes
+
+
+@dataclass(frozen=True)
+class ReleaseName:
+    namespace: str
+    name: str
+    actor_id: bytes
+
+
+Command = StartActor | KillWorker | Answer | Record | ClaimName | ReleaseName
+
+
+class ActorDirectory:
+    """Every actor the head knows, by id, and the ones waiting for a node to fit."""
+
+    def __init__(self, pick_node: Callable[[m.ActorSpec], bytes | None],
+                 node_alive: Callable[[bytes], bool]) -> None:
+        self.actors: dict[bytes, Actor] = {}
+        self.pending: list[bytes] = []
+        self._pick_node = pick_node
+        self._node_alive = node_alive
+
+    # -- events ------------------------------------------------------------------------------
+
+    def create(self, peer: Caller, req_id: int, spec: m.ActorSpec,
+               get_if_exists: bool) -> list[Command]:
+        """A driver or worker asked for a new actor (``req_id`` 0: it does not wait)."""
+        if spec.name:
+            existing = self.named(spec.namespace, spec.name)
+            if existing is not None:
+                return [Answer(peer, self._name_taken(req_id, spec, existing, get_if_exists))]
+        actor = self.actors[spec.actor_id] = Actor(spec, owner=peer)
+        commands: list[Command] = []
+        if spec.name:
+            commands.append(ClaimName(spec.namespace, spec.name, spec.actor_id))
+        commands.append(Record(actor))
+        if req_id:
+            commands.append(Answer(peer, actor.info(req_id)))
+        return commands + self._place(actor)
+
+    def started(self, actor_id: bytes, node_id: bytes, address: str, tcp_address: str,
+                error: str) -> list[Command]:
+        """The actor's worker ran its constructor on ``node_id`` (``error`` if it raised)."""
+        actor = self.actors.get(actor_id)
+        if actor is None:
+            return []
+        if actor.state is ActorState.DEAD:  # it died meanwhile: this worker must not serve
+            return [KillWorker(node_id, actor_id)]
+        if error:
+            actor.no_restart = True
+            actor.error = f"the actor's constructor failed: {error}"
+            return self._kill(actor, actor.error)
+        if actor.no_restart:  # killed while it was (re)starting: its worker came up anyway
+            return self._kill(actor, actor.error or "it was killed while starting")
+        actor.state, actor.address, actor.tcp_address = ActorState.ALIVE, address, tcp_address
+        return [Record(actor), *self._answer(actor)]
+
+    def worker_died(self, actor_id: bytes, reason: str) -> list[Command]:
+        """The actor's process exited (or its node died)."""
+        actor = self.actors.get(actor_id)
+        if actor is None or actor.state is ActorState.DEAD:
+            return []
+        if actor.no_restart or not actor.restarts_left:
+            return self._mark_dead(actor, actor.error or (
+                f"its process died ({reason}) and max_restarts={actor.spec.max_restarts} "
+                f"is used up"))
+        actor.restarts += 1
+        actor.state, actor.address = ActorState.RESTARTING, ""
+        return [Record(actor), *self._place(actor)]
+
+    def kill(self, actor_id: bytes, no_restart: bool, reason: str) -> list[Command]:
+        """``rtml.kill``, or its last handle went out of scope."""
+        actor = self.actors.get(actor_id)
+        if actor is None or actor.state is ActorState.DEAD:
+            return []
+        actor.no_restart = no_restart
+        return self._kill(actor, reason or "it was killed with rtml.kill()")
+
+    def node_died(self, node_id: bytes, reason: str) -> list[Command]:
+        commands: list[Command] = []
+        for actor in list(self.actors.values()):
+            if actor.node_id == node_id and actor.state is not ActorState.DEAD:
+                commands += self.worker_died(actor.spec.actor_id,
+                                             f"its node {node_id.hex()} died: {reason}")
+        return commands
+
+    def job_ended(self, job_id: bytes, reason: str) -> list[Command]:
+        """The job's driver left: its actors end, unless detached."""
+        commands: list[Command] = []
+        for actor in list(self.actors.values()):
+            if actor.spec.job_id == job_id and not actor.spec.detached \
+                    and actor.state is not ActorState.DEAD:
+                commands += self._kill(actor, reason)
+        return commands
+
+    def lookup(self, peer: Caller, msg: m.GetActorInfo) -> list[Command]:
+        """A caller asks for an actor by id or name; with ``wait_ready`` the answer waits
+        until the actor is ALIVE at an address other than ``msg.stale_address``, or DEAD."""
+        actor = (self.named(msg.namespace, msg.name) if msg.name
+                 else self.actors.get(msg.actor_id))
+        if actor is None:
+            return [Answer(peer, m.ActorInfo(msg.req_id, msg.actor_id, "MISSING",
+                                             error="no such actor"))]
+        waiter = Waiter(peer, msg.req_id, msg.stale_address)
+        if not msg.wait_ready or self._settled(actor, waiter):
+            return [Answer(peer, actor.info(msg.req_id))]
+        actor.waiters.append(waiter)
+        return []
+
+    def place_pending(self) -> list[Command]:
+        """Try again to place the actors no node fitted (a node joined or freed room)."""
+        pending, self.pending = self.pending, []
+        commands: list[Command] = []
+        for actor_id in pending:
+            actor = self.actors.get(actor_id)
+            if actor is not None and actor.state in (ActorState.PENDING, ActorState.RESTARTING):
+                commands += self._place(actor)
+        return commands
+
+    # -- queries -----------------------------------------------------------------------------
+
+    def named(self, namespace: str, name: str) -> Actor | None:
+        for actor in self.actors.values():
+            if actor.spec.name == name and actor.spec.namespace == namespace \
+                    and actor.state is not ActorState.DEAD:
+                return actor
+        return None
+
+    # -- transitions -------------------------------------------------------------------------
+
+    def _place(self, actor: Actor) -> list[Command]:
+        node_id = self._pick_node(actor.spec)
+        if node_id is None:
+            if actor.spec.actor_id not in self.pending:
+                self.pending.append(actor.spec.actor_id)
+            return []
+        actor.node_id = node_id
+        return [StartActor(node_id, actor.spec)]
+
+    def _kill(self, actor: Actor, why: str) -> list[Command]:
+        if not actor.error:
+            actor.error = why
+        alive = bool(actor.node_id) and self._node_alive(actor.node_id)
+        if actor.state is ActorState.PENDING or not alive:
+            actor.no_restart = True
+        if alive:  # its node reports the worker's exit, which ends it (worker_died)
+            return [KillWorker(actor.node_id, actor.spec.actor_id)]
+        return self._mark_dead(actor, why)
+
+    def _mark_dead(self, actor: Actor, why: str) -> list[Command]:
+        actor.state, actor.address = ActorState.DEAD, ""
+        actor.error = actor.error or why
+        spec = actor.spec
+        commands: list[Command] = []
+        if spec.name:
+            commands.append(ReleaseName(spec.namespace, spec.name, spec.actor_id))
+        commands += [Record(actor), *self._answer(actor)]
+        if actor.owner is not None:  # unasked (req_id 0): it lets go of the arguments
+            commands.append(Answer(actor.owner, actor.info(0)))
+            actor.owner = None
+        self.pending = [a for a in self.pending if a != spec.actor_id]
+        return commands
+
+    def _answer(self, actor: Actor) -> list[Command]:
+        waiters, actor.waiters = actor.waiters, []
+        commands: list[Command] = []
+        for waiter in waiters:
+            if self._settled(actor, waiter):
+                commands.append(Answer(waiter.peer, actor.info(waiter.req_id)))
+            else:
+                actor.waiters.append(waiter)
+        return commands
+
+    @staticmethod
+    def _settled(actor: Actor, waiter: Waiter) -> bool:
+        return actor.state is ActorState.DEAD or (
+            actor.state is ActorState.ALIVE and actor.address != waiter.stale)
+
+    @staticmethod
+    def _name_taken(req_id: int, spec: m.ActorSpec, existing: Actor,
+                    get_if_exists: bool) -> m.ActorInfo:
+        if get_if_exists:
+            return existing.info(req_id)
+        return m.ActorInfo(req_id, spec.actor_id, "DEAD", error=(
+            f"an actor named {spec.name!r} already exists in namespace {spec.namespace!r}; "
+            f"pick another name, or pass get_if_exists=True to reuse it"))

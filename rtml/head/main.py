@@ -1,0 +1,81 @@
+"""The head service process: ``python -m rtml.head.main CONFIG_JSON READY_FD``.
+
+    launcher (rtml.cluster) --config, a bound listening socket--> main()
+        HeadService serves node managers and drivers on that socket
+        one task group: the liveness watch (nodes silent for node_timeout s die)
+        --"ok host:port"--> readiness pipe
+    SIGTERM / SIGINT --> stopped: every node manager is told to shut down, writes finish
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+from rtml.config import HEARTBEAT_INTERVAL, HeadConfig
+from rtml.daemon import die_with_launcher, report_ready, run_until_stopped, setup_logging
+from rtml.head.service import HeadService
+from rtml.rpc import messages as m
+from rtml.rpc.server import protocol_factory
+from rtml.session import Session
+
+log = logging.getLogger(__name__)
+
+
+async def serve(cfg: HeadConfig, ready_fd: int) -> None:
+    head = HeadService(cfg)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, _stop_on_signal, head, sig)
+    if cfg.listen_fd >= 0:
+        sock = socket.socket(fileno=cfg.listen_fd)
+        server = await loop.create_server(protocol_factory(head), sock=sock)
+    else:
+        server = await loop.create_server(protocol_factory(head), cfg.host, cfg.port)
+    port = server.sockets[0].getsockname()[1]
+    log.info("head service pid %d serving on %s:%d", os.getpid(), cfg.host, port)
+    report_ready(ready_fd, f"ok {cfg.host}:{port}")
+    try:
+        await run_until_stopped(head.stopped, _watch_liveness(head))
+    finally:
+        for node in head.nodes.values():
+            if node.alive:
+                node.peer.send(m.Shutdown())
+        server.close()
+        await asyncio.to_thread(head.close)
+
+
+def _stop_on_signal(head: HeadService, sig: signal.Signals) -> None:
+    log.info("stopping on %s", sig.name)
+    head.stopped.set()
+
+
+async def _watch_liveness(head: HeadService) -> None:
+    while True:
+        await asyncio.sleep(HEARTBEAT_INTERVAL)
+        head.check_liveness()
+
+
+def main(argv: list[str]) -> int:
+    cfg = HeadConfig.from_json(argv[1])
+    ready_fd = int(argv[2]) if len(argv) > 2 else -1
+    die_with_launcher()
+    setup_logging(str(Session(Path(cfg.session_dir)).log_file("head")))
+    try:
+        asyncio.run(serve(cfg, ready_fd))
+    except Exception:
+        log.exception("head service failed")
+        with contextlib.suppress(OSError):
+            report_ready(ready_fd, "error see head.log")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,321 @@
+"""The head service's I/O shell: node table, global placement, actors, jobs.
+
+    node managers --RegisterNode/NodeHeartbeat--> node view (resources, pending demand)
+                  --SpillLease--> GlobalScheduler.place --LeasePlaced--> origin node manager
+    no heartbeat for node_timeout s, or its connection closed --> node dead: NodeDied to
+                  every node manager and driver; its actors restart elsewhere or die
+    drivers --CreateActor--> ActorDirectory (rtml.head.actors) --StartActor--> node manager
+                             <--ActorStarted / ActorWorkerDied-- restart or mark DEAD
+    callers --GetActorInfo--> answered when the actor is ALIVE (at a new address) or DEAD
+    driver disconnects --> its job ends; its non-detached actors are killed; its tasks
+                           still PENDING are recorded FAILED (at job end only)
+
+The decisions are the pure cores': ``GlobalScheduler`` (``rtml.scheduler.placement``)
+places leases, ``ActorDirectory`` runs actors' lives; this module turns messages into
+their events and their commands into messages and control-plane writes.
+
+Every state change is written to the control plane (Redis), off the event loop: writes go
+in order through one thread (:meth:`HeadService._write`), so a slow Redis delays the
+record, never a heartbeat or a placement. Timeline events go through a BatchedWriter that
+flushes every EVENT_FLUSH_INTERVAL s, so a burst of them is one pipelined call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from rtml.config import HeadConfig
+from rtml.control_plane import BatchedWriter, ControlPlane
+from rtml.head import actors as ad
+from rtml.rpc import messages as m
+from rtml.rpc.server import Peer, Service
+from rtml.scheduler import placement as pl
+from rtml.scheduler.resources import fits
+
+log = logging.getLogger(__name__)
+
+EVENT_FLUSH_INTERVAL = 0.1
+DRIVER_EXITED = "the driver exited"
+
+
+@dataclass
+class NodeState:
+    view: pl.NodeView
+    peer: Peer
+    session_dir: str
+    transfer_address: str = ""
+
+    @property
+    def alive(self) -> bool:
+        return self.view.alive
+
+    def entry(self) -> m.NodeEntry:
+        view = self.view
+        return m.NodeEntry(view.node_id, view.address, self.transfer_address, view.alive)
+
+
+class HeadService(Service):
+    def __init__(self, cfg: HeadConfig) -> None:
+        self.cfg = cfg
+        self.token = cfg.token
+        self.plane = ControlPlane(cfg.redis_host, cfg.redis_port, cfg.token)
+        self.events = BatchedWriter(self.plane, interval=EVENT_FLUSH_INTERVAL)
+        self.writes = concurrent.futures.ThreadPoolExecutor(1, "rtml-head-plane")
+        self.nodes: dict[bytes, NodeState] = {}
+        self.sched = pl.GlobalScheduler()
+        self.actors = ad.ActorDirectory(self._actor_node, self._node_alive)
+        self.jobs: dict[bytes, Peer] = {}
+        self.stopped = asyncio.Event()
+
+    def on_hello(self, peer: Peer, hello: m.Hello) -> m.HelloReply:
+        return m.HelloReply(ok=True, info={"redis_host": self.cfg.redis_host,
+                                           "redis_port": str(self.cfg.redis_port)})
+
+    def on_message(self, peer: Peer, msg: Any) -> None:
+        handler = self._handlers.get(type(msg))
+        if handler is None:
+            log.warning("unexpected %s", type(msg).__name__)
+            return
+        handler(self, peer, msg)
+
+    def on_disconnect(self, peer: Peer) -> None:
+        for node_id, node in list(self.nodes.items()):
+            if node.peer is peer and node.alive:
+                self._node_died(node_id, "its connection to the head closed")
+        for job_id, job_peer in list(self.jobs.items()):
+            if job_peer is peer:
+                del self.jobs[job_id]
+                self._write(self.plane.finish_job, job_id)
+                self._write(self.plane.put_job, job_id,
+                            {"status": "FINISHED", "end_ts": time.time()})
+                self._event("JobFinished", job_id=job_id)
+                self._carry_out(self.actors.job_ended(job_id, "its driver exited"))
+                self._write(fail_pending_tasks, self.plane, job_id)
+
+    def _write(self, fn: Any, *args: Any) -> None:
+        """Run a control-plane write on the writes thread, after those queued before it."""
+        self.writes.submit(_logged, fn, *args)
+
+    def close(self) -> None:
+        """Finish the queued writes, then close the control plane."""
+        self.writes.shutdown(wait=True)
+        self.events.close()
+        self.plane.close()
+
+    def _event(self, kind: str, **fields: Any) -> None:
+        """Queue a timeline event; the writer's thread appends it within ~0.1 s."""
+        self.events.submit_event({"kind": kind, "ts": time.time(), **fields})
+
+    # -- nodes and jobs ----------------------------------------------------------------------
+
+    def _register_node(self, peer: Peer, msg: m.RegisterNode) -> None:
+        view = pl.NodeView(msg.node_id, msg.address, msg.resources, dict(msg.resources),
+                           last_heartbeat=time.monotonic())
+        self.nodes[msg.node_id] = NodeState(view, peer, msg.session_dir, msg.transfer_address)
+        self._write(self.plane.put_node, msg.node_id, {
+            "address": msg.address, "resources": msg.resources,
+            "session_dir": msg.session_dir, "alive": True, "start_ts": time.time()})
+        self._event("NodeRegistered", node_id=msg.node_id, address=msg.address,
+                    resources=msg.resources)
+        self._broadcast_nodes()
+        self._decided(self.sched.node_added(view))
+        self._carry_out(self.actors.place_pending())
+
+    def _transfer_ready(self, peer: Peer, msg: m.NodeTransferReady) -> None:
+        node = self.nodes.get(msg.node_id)
+        if node is not None:
+            node.transfer_address = msg.transfer_address
+            self._broadcast_nodes()
+
+    def _broadcast_nodes(self) -> None:
+        table = m.NodeTable([node.entry() for node in self.nodes.values()])
+        for node in self.nodes.values():
+            if node.alive:
+                node.peer.send(table)
+
+    def _heartbeat(self, peer: Peer, msg: m.NodeHeartbeat) -> None:
+        self._decided(self.sched.heartbeat(msg.node_id, msg.available, time.monotonic()))
+        self._write(self.plane.heartbeat, msg.node_id, msg.available, msg.pending_shapes)
+        if self.actors.pending:
+            self._carry_out(self.actors.place_pending())
+
+    def check_liveness(self) -> None:
+        """Declare dead every node silent for longer than the node timeout."""
+        for node_id in self.sched.expired(time.monotonic(), self.cfg.node_timeout):
+            self._node_died(node_id, f"it sent no heartbeat for {self.cfg.node_timeout:g} s")
+
+    def _node_died(self, node_id: bytes, reason: str) -> None:
+        node = self.nodes[node_id]
+        self.sched.node_died(node_id)
+        self._write(self.plane.mark_node_dead, node_id)
+        self._event("NodeDied", node_id=node_id, reason=reason)
+        log.warning("node %s is dead: %s", node_id.hex(), reason)
+        node.peer.send(m.Shutdown())  # should it come back, it must not serve stale state
+        notice = m.NodeDied(node_id, reason)  # node managers tell their drivers and workers
+        for other in self.nodes.values():
+            if other.alive:
+                other.peer.send(notice)
+        self._broadcast_nodes()
+        self._carry_out(self.actors.node_died(node_id, reason))
+
+    # -- spilled lease requests (the global scheduler) ---------------------------------------
+
+    def _spill_lease(self, peer: Peer, msg: m.SpillLease) -> None:
+        origin = self._node_of(peer)
+        if origin is None:
+            return
+        request = pl.Request(origin, msg.req_id, msg.shape, msg.strategy, msg.preferred_node,
+                             msg.must_move)
+        decision = self.sched.place(request)
+        if isinstance(decision, pl.Pending):
+            peer.send(m.LeasePlaced(msg.req_id, b"", "", infeasible=True))
+        elif not isinstance(decision, pl.Parked):
+            self._decided([decision])
+
+    def _spill_withdrawn(self, peer: Peer, msg: m.CancelLeaseRequest) -> None:
+        origin = self._node_of(peer)
+        if origin is not None:
+            self.sched.withdraw(origin, msg.req_id)
+
+    def _decided(self, decisions: list[pl.Decision]) -> None:
+        for decision in decisions:
+            origin = self.nodes.get(decision.request.origin)
+            if origin is None or not origin.alive:
+                continue
+            req_id = decision.request.req_id
+            if isinstance(decision, pl.Placed):
+                origin.peer.send(m.LeasePlaced(req_id, decision.node_id, decision.address))
+            elif isinstance(decision, pl.Failed):
+                origin.peer.send(m.LeasePlaced(req_id, b"", "", error=decision.error))
+
+    def _node_of(self, peer: Peer) -> bytes | None:
+        for node_id, node in self.nodes.items():
+            if node.peer is peer and node.alive:
+                return node_id
+        return None
+
+    def _register_job(self, peer: Peer, msg: m.RegisterJob) -> None:
+        self.jobs[msg.job_id] = peer
+        self._write(self.plane.put_job, msg.job_id, {
+            "pid": msg.pid, "namespace": msg.namespace, "cwd": msg.cwd,
+            "start_ts": time.time(), "status": "RUNNING"})
+        self._event("JobStarted", job_id=msg.job_id, pid=msg.pid, namespace=msg.namespace)
+
+    def _output(self, peer: Peer, msg: m.WorkerOutput) -> None:
+        """Worker prints, from any node, go to the driver of the job that printed them."""
+        if msg.job_id:
+            driver = self.jobs.get(msg.job_id)
+            if driver is not None:
+                driver.send(msg)
+        else:
+            for driver in self.jobs.values():
+                driver.send(msg)
+
+    def _cluster_info(self, peer: Peer, msg: m.GetClusterInfo) -> None:
+        nodes: list[dict[str, object]] = [
+            {"NodeID": n.view.node_id.hex(), "Alive": n.alive,
+             "NodeManagerAddress": n.view.address, "Resources": n.view.total,
+             "Available": n.view.available, "SessionDir": n.session_dir}
+            for n in self.nodes.values()]
+        peer.send(m.ClusterInfo(msg.req_id, nodes))
+
+    # -- actors ------------------------------------------------------------------------------
+
+    def _create_actor(self, peer: Peer, msg: m.CreateActor) -> None:
+        self._carry_out(self.actors.create(peer, msg.req_id, msg.spec, msg.get_if_exists))
+
+    def _actor_node(self, spec: m.ActorSpec) -> bytes | None:
+        affinity = pl.parse_affinity(spec.strategy)
+        if affinity is not None:
+            node = self.nodes.get(affinity[0])
+            if node is not None and node.alive and fits(spec.shape, node.view.total):
+                return node.view.node_id
+            if not affinity[1]:
+                return None
+        view = self.sched.pick_for_actor(spec.shape, spread=spec.strategy == pl.SPREAD)
+        return None if view is None else view.node_id
+
+    def _node_alive(self, node_id: bytes) -> bool:
+        node = self.nodes.get(node_id)
+        return node is not None and node.alive
+
+    def _actor_started(self, peer: Peer, msg: m.ActorStarted) -> None:
+        self._carry_out(self.actors.started(msg.actor_id, msg.node_id, msg.address,
+                                            msg.tcp_address, msg.error))
+
+    def _actor_died(self, peer: Peer, msg: m.ActorWorkerDied) -> None:
+        self._carry_out(self.actors.worker_died(msg.actor_id, msg.reason))
+
+    def _kill_actor(self, peer: Peer, msg: m.KillActor) -> None:
+        self._carry_out(self.actors.kill(msg.actor_id, msg.no_restart, msg.reason))
+
+    def _get_actor(self, peer: Peer, msg: m.GetActorInfo) -> None:
+        self._carry_out(self.actors.lookup(peer, msg))
+
+    def _carry_out(self, commands: list[ad.Command]) -> None:
+        for command in commands:
+            if isinstance(command, ad.Answer):
+                command.peer.send(command.info)
+            elif isinstance(command, ad.Record):
+                self._record(command.actor)
+            elif isinstance(command, (ad.StartActor, ad.KillWorker)):
+                node = self.nodes.get(command.node_id)
+                if node is not None and node.alive:
+                    node.peer.send(m.StartActor(command.spec) if isinstance(
+                        command, ad.StartActor) else m.KillActorWorker(command.actor_id))
+            elif isinstance(command, ad.ClaimName):
+                self._write(self.plane.set_named_actor, command.namespace, command.name,
+                            command.actor_id)
+            else:
+                self._write(self.plane.delete_named_actor, command.namespace, command.name,
+                            command.actor_id)
+
+    def _record(self, actor: ad.Actor) -> None:
+        spec, state = actor.spec, actor.state.value
+        reason = actor.error if actor.state is ad.ActorState.DEAD else ""
+        if actor.state is ad.ActorState.RESTARTING:
+            reason = f"restart {actor.restarts} of {spec.max_restarts}"
+        self._event("ActorStateChanged", actor_id=spec.actor_id, job_id=spec.job_id,
+                    class_name=spec.class_name, name=spec.name, state=state,
+                    node_id=actor.node_id, reason=reason)
+        self._write(self.plane.put_actor, spec.actor_id, {
+            "actor_id": spec.actor_id.hex(), "class_name": spec.class_name,
+            "state": state, "name": spec.name, "namespace": spec.namespace,
+            "job_id": spec.job_id.hex(), "node_id": actor.node_id.hex(),
+            "address": actor.address, "restarts": actor.restarts, "error": actor.error,
+            "detached": spec.detached, "max_restarts": spec.max_restarts})
+
+    _handlers: dict[type, Any] = {
+        m.RegisterNode: _register_node, m.NodeHeartbeat: _heartbeat,
+        m.RegisterJob: _register_job, m.GetClusterInfo: _cluster_info,
+        m.CreateActor: _create_actor, m.ActorStarted: _actor_started,
+        m.ActorWorkerDied: _actor_died, m.KillActor: _kill_actor,
+        m.GetActorInfo: _get_actor, m.NodeTransferReady: _transfer_ready,
+        m.SpillLease: _spill_lease, m.WorkerOutput: _output,
+        m.CancelLeaseRequest: _spill_withdrawn,
+    }
+
+
+def fail_pending_tasks(plane: ControlPlane, job_id: bytes) -> None:
+    """Record the job's tasks still PENDING as FAILED: their driver (owner) has exited.
+
+    Runs once per job end, on the writes thread.
+    """
+    pending = plane.list_tasks({"job_id": job_id.hex(), "status": "PENDING"})
+    now = time.time()
+    plane.write_task_records([
+        {"task_id": bytes.fromhex(task["task_id"]), "status": "FAILED",
+         "error": DRIVER_EXITED, "end_ts": now} for task in pending])
+
+
+def _logged(fn: Any, *args: Any) -> None:
+    """Run one control-plane write; a failure is logged (the head goes on without it)."""
+    try:
+        fn(*args)
+    except Exception:
+        log.exception("control-plane write %s failed", getattr(fn, "__name__", fn))

@@ -1,0 +1,202 @@
+"""The head's actor directory (rtml.head.actors), driven without processes or sockets."""
+
+from __future__ import annotations
+
+from rtml.head.actors import (
+    ActorDirectory,
+    ActorState,
+    Answer,
+    ClaimName,
+    Command,
+    KillWorker,
+    Record,
+    ReleaseName,
+    StartActor,
+)
+from rtml.rpc import messages as m
+
+A, B = b"a" * 16, b"b" * 16
+JOB = b"j" * 4
+
+
+class Caller:
+    """Stands in for a connection: keeps what the head answers on it."""
+
+    def __init__(self) -> None:
+        self.sent: list[m.Msg] = []
+
+    def send(self, msg: m.Msg) -> None:
+        self.sent.append(msg)
+
+
+class Nodes:
+    """The head's placement as the directory sees it: ``fits`` is the next pick."""
+
+    def __init__(self) -> None:
+        self.fits: bytes | None = A
+        self.alive = {A, B}
+
+    def pick(self, spec: m.ActorSpec) -> bytes | None:
+        return self.fits
+
+    def is_alive(self, node_id: bytes) -> bool:
+        return node_id in self.alive
+
+
+def spec(actor_id: bytes = b"x" * 16, **fields: object) -> m.ActorSpec:
+    return m.ActorSpec(actor_id, JOB, b"o" * 16, b"c" * 16, "Counter", (), (), {"CPU": 1.0},
+                       {}, **fields)  # type: ignore[arg-type]
+
+
+def directory() -> tuple[ActorDirectory, Nodes]:
+    nodes = Nodes()
+    return ActorDirectory(nodes.pick, nodes.is_alive), nodes
+
+
+def kinds(commands: list[Command]) -> list[str]:
+    return [type(c).__name__ for c in commands]
+
+
+def states(commands: list[Command]) -> list[str]:
+    return [c.info.state for c in commands if isinstance(c, Answer)]
+
+
+def test_an_actor_is_placed_then_alive_and_its_waiters_answered() -> None:
+    d, _ = directory()
+    owner, caller = Caller(), Caller()
+    commands = d.create(owner, 5, spec(), get_if_exists=False)
+    assert kinds(commands) == ["Record", "Answer", "StartActor"]
+    assert commands[2] == StartActor(A, spec()) and states(commands) == ["PENDING"]
+    assert d.lookup(caller, m.GetActorInfo(9, spec().actor_id)) == []  # waits for ALIVE
+    commands = d.started(spec().actor_id, A, "unix:/w", "1.2.3.4:5", "")
+    assert kinds(commands) == ["Record", "Answer"]
+    answer = commands[1]
+    assert isinstance(answer, Answer) and answer.peer is caller
+    assert (answer.info.req_id, answer.info.state, answer.info.address) == (9, "ALIVE", "unix:/w")
+    assert d.actors[spec().actor_id].state is ActorState.ALIVE
+
+
+def test_an_actor_no_node_fits_waits_and_is_placed_when_one_does() -> None:
+    d, nodes = directory()
+    nodes.fits = None
+    assert kinds(d.create(Caller(), 0, spec(), get_if_exists=False)) == ["Record"]
+    assert d.pending == [spec().actor_id] and d.place_pending() == []
+    nodes.fits = B
+    assert d.place_pending() == [StartActor(B, spec())] and d.pending == []
+
+
+def test_a_dead_process_restarts_while_restarts_are_left_then_the_actor_is_dead() -> None:
+    d, _ = directory()
+    owner, caller = Caller(), Caller()
+    actor_id = spec().actor_id
+    d.create(owner, 0, spec(max_restarts=1), get_if_exists=False)
+    d.started(actor_id, A, "unix:/w1", "", "")
+    assert kinds(d.worker_died(actor_id, "SIGKILL")) == ["Record", "StartActor"]
+    assert d.actors[actor_id].state is ActorState.RESTARTING
+    # A caller that saw the old address waits for the new one, not for the old one again.
+    assert d.lookup(caller, m.GetActorInfo(3, actor_id, stale_address="unix:/w1")) == []
+    (_, answer) = d.started(actor_id, A, "unix:/w2", "", "")
+    assert isinstance(answer, Answer) and answer.info.address == "unix:/w2"
+    commands = d.worker_died(actor_id, "SIGKILL")
+    assert d.actors[actor_id].state is ActorState.DEAD
+    assert "max_restarts=1 is used up" in d.actors[actor_id].error
+    # The creator is told unasked (req_id 0), once.
+    assert [(c.peer, c.info.req_id) for c in commands if isinstance(c, Answer)] == [(owner, 0)]
+    assert d.worker_died(actor_id, "again") == []
+
+
+def test_a_failed_constructor_kills_the_worker_and_ends_the_actor() -> None:
+    d, _ = directory()
+    actor_id = spec().actor_id
+    d.create(Caller(), 0, spec(max_restarts=5), get_if_exists=False)
+    assert d.started(actor_id, A, "unix:/w", "", "ZeroDivisionError") == [KillWorker(A, actor_id)]
+    commands = d.worker_died(actor_id, "killed")
+    actor = d.actors[actor_id]
+    assert actor.state is ActorState.DEAD and actor.restarts == 0
+    assert "constructor failed: ZeroDivisionError" in actor.error
+    assert "DEAD" in states(commands)
+
+
+def test_killed_while_starting_its_worker_is_killed_when_it_comes_up() -> None:
+    d, _ = directory()
+    actor_id = spec().actor_id
+    d.create(Caller(), 0, spec(max_restarts=3), get_if_exists=False)
+    assert d.kill(actor_id, no_restart=False, reason="") == [KillWorker(A, actor_id)]
+    assert d.started(actor_id, A, "unix:/w", "", "") == [KillWorker(A, actor_id)]
+    d.worker_died(actor_id, "killed")
+    assert d.actors[actor_id].state is ActorState.DEAD  # a PENDING actor is never restarted
+
+
+def test_a_started_message_for_a_dead_actor_kills_that_worker() -> None:
+    d, nodes = directory()
+    actor_id = spec().actor_id
+    d.create(Caller(), 0, spec(), get_if_exists=False)
+    nodes.alive.discard(A)
+    d.node_died(A, "no heartbeat")
+    assert d.actors[actor_id].state is ActorState.DEAD
+    assert d.started(actor_id, B, "unix:/late", "", "") == [KillWorker(B, actor_id)]
+    assert d.actors[actor_id].state is ActorState.DEAD
+
+
+def test_a_node_death_restarts_its_actors_elsewhere() -> None:
+    d, nodes = directory()
+    first, second = spec(b"1" * 16, max_restarts=-1), spec(b"2" * 16)
+    d.create(Caller(), 0, first, get_if_exists=False)
+    d.create(Caller(), 0, second, get_if_exists=False)
+    nodes.alive.discard(A)
+    nodes.fits = B
+    commands = d.node_died(A, "no heartbeat")
+    assert StartActor(B, first) in commands
+    assert d.actors[first.actor_id].node_id == B
+    assert d.actors[second.actor_id].state is ActorState.DEAD
+    assert f"its node {A.hex()} died" in d.actors[second.actor_id].error
+
+
+def test_names_are_claimed_refused_shared_and_released() -> None:
+    d, _ = directory()
+    named = spec(name="counter", namespace="ns")
+    assert ClaimName("ns", "counter", named.actor_id) in d.create(Caller(), 0, named, False)
+    clash = spec(b"y" * 16, name="counter", namespace="ns")
+    (refused,) = d.create(Caller(), 4, clash, get_if_exists=False)
+    assert isinstance(refused, Answer) and refused.info.state == "DEAD"
+    assert "already exists in namespace 'ns'" in refused.info.error
+    (shared,) = d.create(Caller(), 4, clash, get_if_exists=True)
+    assert isinstance(shared, Answer) and shared.info.actor_id == named.actor_id
+    assert clash.actor_id not in d.actors
+    d.started(named.actor_id, A, "unix:/w", "", "")
+    d.kill(named.actor_id, no_restart=True, reason="")
+    commands = d.worker_died(named.actor_id, "killed")
+    assert ReleaseName("ns", "counter", named.actor_id) in commands
+    assert d.named("ns", "counter") is None
+    assert any(isinstance(c, ClaimName) for c in d.create(Caller(), 0, clash, False))
+
+
+def test_a_job_end_kills_its_actors_but_not_detached_ones() -> None:
+    d, _ = directory()
+    mine, detached = spec(b"1" * 16), spec(b"2" * 16, detached=True)
+    d.create(Caller(), 0, mine, get_if_exists=False)
+    d.create(Caller(), 0, detached, get_if_exists=False)
+    assert d.job_ended(JOB, "its driver exited") == [KillWorker(A, mine.actor_id)]
+
+
+def test_an_actor_whose_node_is_gone_dies_at_once_when_killed() -> None:
+    d, nodes = directory()
+    actor_id = spec().actor_id
+    waiter = Caller()
+    d.create(Caller(), 0, spec(max_restarts=-1), get_if_exists=False)
+    d.started(actor_id, A, "unix:/w", "", "")
+    assert d.lookup(waiter, m.GetActorInfo(1, actor_id, stale_address="unix:/w")) == []
+    nodes.alive.discard(A)
+    commands = d.kill(actor_id, no_restart=False, reason="it was killed")
+    assert kinds(commands)[0] == "Record" and d.actors[actor_id].state is ActorState.DEAD
+    assert [(c.peer, c.info.state) for c in commands if isinstance(c, Answer)][0] == (
+        waiter, "DEAD")
+
+
+def test_lookups_of_unknown_actors_answer_missing() -> None:
+    d, _ = directory()
+    (answer,) = d.lookup(Caller(), m.GetActorInfo(2, b"z" * 16))
+    assert isinstance(answer, Answer) and answer.info.state == "MISSING"
+    (answer,) = d.lookup(Caller(), m.GetActorInfo(2, b"", name="nobody"))
+    assert isinstance(answer, Answer) and answer.info.state == "MISSING"
+    assert not any(isinstance(c, Record) for c in d.kill(b"z" * 16, True, ""))

@@ -1,0 +1,157 @@
+"""The tree's layout rules (docs/DESIGN.md, "Layers"), read from the source's imports.
+
+- Each part of rtml (a package, or a top-level module) imports only parts on lower
+  layers: no upward import, and so no cycle between parts.
+- Another part imports a package only through its face: the names and modules its
+  ``__init__.py`` lists in ``__all__``.
+- No import cycle between modules, type-only imports included.
+
+Every import counts, also one inside a function or under ``TYPE_CHECKING``.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2] / "rtml"
+
+LAYERS: list[set[str]] = [
+    {"_native", "config", "exceptions", "ids"},
+    {"daemon"},
+    {"rpc", "control_plane"},
+    {"scheduler", "objectstore", "session"},
+    {"cluster"},
+    {"core"},
+    {"api"},
+    {"__init__"},
+    {"head", "node", "worker", "cli", "launchpad", "testing"},
+]
+LAYER_OF = {part: n for n, parts in enumerate(LAYERS) for part in parts}
+PACKAGES = {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()}
+
+CORE_RUNTIME_CYCLE = {
+    "rtml.core.actors", "rtml.core.arguments", "rtml.core.calls", "rtml.core.context",
+    "rtml.core.owner", "rtml.core.references", "rtml.core.remote_function",
+    "rtml.core.runtime", "rtml.core.submitter",
+}
+"""The client runtime still hands itself to its helpers, which name its type (issue 15,
+part 2: one owner per piece of client state). This set may only shrink."""
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def part_of(module: str) -> str:
+    """``rtml.core.runtime`` -> ``core``; ``rtml.api`` -> ``api``; ``rtml`` -> ``__init__``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def sources() -> Iterator[tuple[str, Path]]:
+    for path in sorted(ROOT.rglob("*.py")):
+        if "protos" not in path.parts:  # generated
+            yield module_name(path), path
+
+
+def imports(path: Path) -> Iterator[str]:
+    """Every rtml module or name ``path`` imports, as a dotted name."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names if a.name.startswith("rtml"))
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+                and node.module.split(".")[0] == "rtml":
+            yield from (f"{node.module}.{a.name}" for a in node.names)
+
+
+def face(package: str) -> set[str]:
+    tree = ast.parse((ROOT / package / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            return set(ast.literal_eval(node.value))
+    return set()
+
+
+def test_every_part_has_a_layer() -> None:
+    parts = {part_of(module) for module, _ in sources()}
+    assert parts == set(LAYER_OF), "place each new package or module in LAYERS"
+
+
+@pytest.mark.parametrize("module,path", list(sources()), ids=lambda v: str(v))
+def test_imports_go_down_the_layers_through_faces(module: str, path: Path) -> None:
+    mine = part_of(module)
+    wrong = []
+    for target in imports(path):
+        theirs = part_of(target)
+        if theirs == mine or target == "rtml._native":
+            continue
+        if LAYER_OF[theirs] >= LAYER_OF[mine]:
+            wrong.append(f"{target} (layer {LAYER_OF[theirs]}) from layer {LAYER_OF[mine]}")
+        parts = target.split(".")
+        if theirs in PACKAGES and len(parts) > 2 and parts[2] not in face(theirs):
+            wrong.append(f"{target}: rtml.{theirs}.{parts[2]} is not in rtml.{theirs}.__all__")
+    assert not wrong, f"{module} imports " + "; ".join(wrong)
+
+
+def module_graph() -> dict[str, set[str]]:
+    known = {module for module, _ in sources()}
+    graph: dict[str, set[str]] = {}
+    for module, path in sources():
+        edges = graph.setdefault(module, set())
+        for target in imports(path):
+            while target not in known and "." in target:  # a name: its module
+                target = target.rpartition(".")[0]
+            if target != module and target in known and not (
+                    module.startswith(target + ".")):  # a module's own package
+                edges.add(target)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[set[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                member = stack.pop()
+                component.add(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(component)
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycle_between_modules() -> None:
+    found = cycles(module_graph())
+    assert [c for c in found if c != CORE_RUNTIME_CYCLE] == []
+    assert all(c <= CORE_RUNTIME_CYCLE for c in found)
+
+
+def test_the_rules_catch_what_they_are_for() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
+    assert "StoreCore" in face("objectstore") and "transfer_stream" not in face("objectstore")
+    assert LAYER_OF["core"] < LAYER_OF["worker"] and LAYER_OF["rpc"] < LAYER_OF["core"]
