@@ -22,7 +22,6 @@ from rtml.core.remote_function import RemoteFunction
 from rtml.core.runtime import ClientConfig, ClientRuntime
 from rtml.ids import new_job_id
 from rtml.rpc import messages as m
-from rtml.rpc.reactor import Flag
 from rtml.session import Session, default_session_dir, fresh_session_dir, new_token
 
 _embedded: cluster.StartedNode | None = None
@@ -271,7 +270,7 @@ def wait(refs: list[ObjectRef], *, num_returns: int = 1, timeout: float | None =
     if not isinstance(num_returns, int) or not 1 <= num_returns <= len(ref_list):
         raise ValueError(f"num_returns must be between 1 and len(refs)={len(ref_list)}, "
                          f"got {num_returns!r}")
-    ready = _wait_ready(rt, ref_list, ids, num_returns, timeout, bool(fetch_local))
+    ready = rt.wait(ref_list, ids, num_returns, timeout, bool(fetch_local))
     if len(ready) == len(ids):
         return ref_list[:num_returns], ref_list[num_returns:]
     chosen: list[ObjectRef] = []
@@ -279,50 +278,6 @@ def wait(refs: list[ObjectRef], *, num_returns: int = 1, timeout: float | None =
     for ref in ref_list:  # the first num_returns ready ones, in input order
         (chosen if ref.id in ready and len(chosen) < num_returns else rest).append(ref)
     return chosen, rest
-
-
-def _wait_ready(rt: ClientRuntime, refs: list[ObjectRef], ids: set[bytes], num_returns: int,
-                timeout: float | None, fetch_local: bool) -> set[bytes]:
-    with rt.lock:
-        # Set operations first: a value in the memory store that is not known to live on
-        # another node is ready. Only the others are looked at one by one, each once.
-        ready = rt.store.entries.keys() & ids
-        if fetch_local:
-            ready -= rt.refs.locations.keys()
-        making: list[ObjectRef] = []
-        rest: list[ObjectRef] = []
-        if len(ready) < len(ids):
-            now, making, rest = rt.readiness([r for r in refs if r.id not in ready],
-                                             fetch_local)
-            ready.update(r.id for r in now)
-        if len(ready) >= num_returns:
-            return ready  # no callbacks to register and cancel: O(refs) cheap checks
-        lock = threading.Lock()
-        enough = Flag()
-
-        def arrived(object_id: bytes) -> None:
-            with lock:
-                ready.add(object_id)
-                if len(ready) >= num_returns:
-                    enough.set()
-
-        # Only callbacks can make a ref ready; with timeout 0 an owned task's result
-        # cannot arrive in time, but an object elsewhere still starts its pull. Still
-        # under the lock, so what readiness() found making is still being made.
-        cancel_waits = rt.on_ready(rest, arrived, fetch_local,
-                                   making=() if timeout == 0 else making)
-    blocked = not enough.is_set() and timeout != 0
-    if blocked and rt.blocked_hook is not None:
-        rt.blocked_hook(True)  # inside a task: lend the CPU back while waiting
-    try:
-        if blocked:
-            rt.reactor.wait_serving(enough, timeout)
-    finally:
-        if blocked and rt.blocked_hook is not None:
-            rt.blocked_hook(False)
-        cancel_waits()  # also when interrupted: no callback may outlive the call
-    with lock:
-        return set(ready)
 
 
 def cancel(ref: ObjectRef, *, force: bool = False, recursive: bool = True) -> None:

@@ -541,6 +541,52 @@ class ClientRuntime:
                     pulls.append(self._await_here(ref.id, ref.owner, callback))
         return cancel
 
+    def wait(self, refs: list[ObjectRef], ids: set[bytes], num_returns: int,
+             timeout: float | None, fetch_local: bool) -> set[bytes]:
+        """The ids of ``refs`` (whose ids are ``ids``) ready once ``num_returns`` of them
+        are, or when ``timeout`` s have passed (``rtml.wait``; inside a task, the CPU is
+        lent back meanwhile)."""
+        with self.lock:
+            # Set operations first: a value in the memory store that is not known to live on
+            # another node is ready. Only the others are looked at one by one, each once.
+            ready = self.store.entries.keys() & ids
+            if fetch_local:
+                ready -= self.refs.locations.keys()
+            making: list[ObjectRef] = []
+            rest: list[ObjectRef] = []
+            if len(ready) < len(ids):
+                now, making, rest = self.readiness([r for r in refs if r.id not in ready],
+                                                   fetch_local)
+                ready.update(r.id for r in now)
+            if len(ready) >= num_returns:
+                return ready  # no callbacks to register and cancel: O(refs) cheap checks
+            lock = threading.Lock()
+            enough = Flag()
+
+            def arrived(object_id: bytes) -> None:
+                with lock:
+                    ready.add(object_id)
+                    if len(ready) >= num_returns:
+                        enough.set()
+
+            # Only callbacks can make a ref ready; with timeout 0 an owned task's result
+            # cannot arrive in time, but an object elsewhere still starts its pull. Still
+            # under the lock, so what readiness() found making is still being made.
+            cancel_waits = self.on_ready(rest, arrived, fetch_local,
+                                         making=() if timeout == 0 else making)
+        blocked = not enough.is_set() and timeout != 0
+        if blocked and self.blocked_hook is not None:
+            self.blocked_hook(True)  # inside a task: lend the CPU back while waiting
+        try:
+            if blocked:
+                self.reactor.wait_serving(enough, timeout)
+        finally:
+            if blocked and self.blocked_hook is not None:
+                self.blocked_hook(False)
+            cancel_waits()  # also when interrupted: no callback may outlive the call
+        with lock:
+            return set(ready)
+
     def _elsewhere(self, object_id: bytes) -> bool:
         """An owned result that lives only on another node so far."""
         location = self.refs.locations.get(object_id)
