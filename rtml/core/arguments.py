@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 from rtml.config import INLINE_MAX
 from rtml.core.object_ref import ObjectRef
 from rtml.core.serialization import plain_payload, serialize
-from rtml.ids import task_of
 from rtml.rpc import messages as m
 
 if TYPE_CHECKING:
@@ -73,7 +72,7 @@ def _ref_arg(rt: ClientRuntime, built: BuiltArgs, position: int, ref: ObjectRef)
         return m.TaskArg(object_id=ref.id, node_id=rt.refs.location_of(ref.id))
     with rt.lock:
         entry = rt.store.get(ref.id)
-        if entry is None and task_of(ref.id) in rt.submitter.records:
+        if entry is None and rt.owner.making(ref.id):
             built.pending.append((position, ref))
             return m.TaskArg(object_id=ref.id)
     if isinstance(entry, m.Payload):

@@ -1,6 +1,6 @@
 """The owner side of a task's life: registered, waiting on arguments, finished.
 
-    submit(record) --> records[task_id], status PENDING
+    submit(record) --> tasks[task_id], status PENDING
         owned args pending -> a waiter per arg in the memory store (_dep_ready)
         all args ready     -> submitter.enqueue (task) | ActorCaller.call (actor method)
     TaskResults of one read (submitter / ActorCaller) --> complete_tasks
@@ -45,6 +45,7 @@ class TaskOwner:
 
     def __init__(self, runtime: ClientRuntime) -> None:
         self.rt = runtime
+        self.tasks: dict[bytes, TaskRecord] = {}  # by task id, from submit until settled
         self.actor_callers: dict[bytes, Any] = {}
         self.lives = ActorLives(runtime)
         self._unsettled: deque[list[_Outcome]] = deque()  # done, bookkeeping not yet run
@@ -65,7 +66,7 @@ class TaskOwner:
         # before unreferenced returns are freed, and by get/wait: not once per submission.
         direct: Connection | None = None  # an actor's: the call goes at once, on it
         with rt.lock:
-            rt.submitter.records[spec.task_id] = record
+            self.tasks[spec.task_id] = record
             record.deps = len(pending)
             arrived: list[tuple[Callable[[bytes], None], bytes]] = []
             if error is None:
@@ -209,10 +210,10 @@ class TaskOwner:
     def _settle(self, finished: list[_Outcome]) -> None:
         """Forget done tasks; each with its result, or its outcome record (lineage)."""
         rt = self.rt
-        records = rt.submitter.records
+        tasks = self.tasks
         with rt.lock:
             for record, _ in finished:
-                records.pop(record.spec.task_id, None)
+                tasks.pop(record.spec.task_id, None)
                 record.keep_alive = ()
         submit = rt.writer.submit_task
         for record, outcome in finished:
@@ -223,6 +224,15 @@ class TaskOwner:
         if refs.refops:
             refs.process_refops()
         refs.free_unreferenced([oid for record, _ in finished for oid in record.return_ids])
+
+    def making(self, object_id: bytes) -> bool:
+        """Whether ``object_id`` is a return of one of our tasks not yet settled (call it
+        under the runtime lock)."""
+        return task_of(object_id) in self.tasks
+
+    def unfinished(self) -> list[TaskRecord]:
+        """Our tasks not done yet (under the runtime lock)."""
+        return [record for record in self.tasks.values() if not record.done]
 
     def caller(self, actor_id: bytes, max_task_retries: int) -> ActorCaller:
         """This process's channel to ``actor_id`` (made on first use)."""
@@ -235,7 +245,7 @@ class TaskOwner:
     def cancel(self, ref: ObjectRef, force: bool, recursive: bool = False) -> None:
         """Cancel the task producing ``ref``; its getters then raise TaskCancelledError."""
         with self.rt.lock:
-            record = self.rt.submitter.records.get(task_of(ref.id))
+            record = self.tasks.get(task_of(ref.id))
             if record is None or record.done:
                 return
         self._cancel(record, force, recursive)
@@ -243,7 +253,7 @@ class TaskOwner:
     def cancel_children(self, parent: bytes) -> None:
         """Cancel (recursively) the unfinished tasks that task ``parent`` submitted here."""
         with self.rt.lock:
-            children = [record for record in self.rt.submitter.records.values()
+            children = [record for record in self.tasks.values()
                         if record.parent == parent and not record.done]
         for record in children:
             self._cancel(record, False, True)

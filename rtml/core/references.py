@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 
 from rtml.core.memory_store import IN_STORE
 from rtml.exceptions import GetTimeoutError
-from rtml.ids import task_of
 from rtml.rpc import messages as m
 
 if TYPE_CHECKING:
@@ -241,8 +240,7 @@ class ReferenceCounter:
 
     def _owns(self, object_id: bytes) -> bool:
         rt = self.rt
-        return (object_id in rt.store.entries
-                or task_of(object_id) in rt.submitter.records)
+        return object_id in rt.store.entries or rt.owner.making(object_id)
 
     def _free(self, object_ids: list[bytes], releases: list[bytes], holders: list[bytes]) -> None:
         """Drop owned objects nobody references any more."""

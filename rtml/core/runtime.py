@@ -51,7 +51,7 @@ from rtml.exceptions import (
     RtmlSystemError,
     TaskError,
 )
-from rtml.ids import new_task_id, object_id_for, random_id, task_of
+from rtml.ids import new_task_id, object_id_for, random_id
 from rtml.rpc import messages as m
 from rtml.rpc.reactor import (
     CloseHandler,
@@ -279,7 +279,7 @@ class ClientRuntime:
                                 f"({reason}); this driver cannot run tasks any more: call "
                                 f"rtml.shutdown() and rtml.init() again")
         with self.lock:
-            pending = [r for r in self.submitter.records.values() if not r.done]
+            pending = self.owner.unfinished()
         for record in pending:
             self.owner.fail_task(record, error)
 
@@ -383,10 +383,10 @@ class ClientRuntime:
     def _wait_owned(self, refs: list[ObjectRef], deadline: float | None) -> None:
         """Block until the refs among ``refs`` that we own and are still being made have
         their values."""
-        me, entries, records = self.client_id, self.store.entries, self.submitter.records
+        me, entries, making = self.client_id, self.store.entries, self.owner.making
         with self.lock:
             missing = [r.id for r in refs if r.owner == me and r.id not in entries
-                       and task_of(r.id) in records]
+                       and making(r.id)]
             if not missing:
                 return
             done = Flag()
@@ -472,7 +472,7 @@ class ClientRuntime:
         object_id = ref.id
         if object_id in self.store.entries:
             return _READY
-        if ref.owner == self.client_id and task_of(object_id) in self.submitter.records:
+        if ref.owner == self.client_id and self.owner.making(object_id):
             return _MAKING
         if os.path.exists(objectstore.segment_path(self.store_namespace, object_id)):
             return _READY

@@ -113,7 +113,6 @@ class TaskSubmitter:
     def __init__(self, runtime: ClientRuntime) -> None:
         self.rt = runtime
         self.queues: dict[tuple[Any, ...], ShapeQueue] = {}
-        self.records: dict[bytes, TaskRecord] = {}
         # req_id -> (queue key, the node manager asked, that node's id)
         self._lease_keys: dict[int, tuple[tuple[Any, ...], Connection, bytes]] = {}
 
