@@ -88,6 +88,28 @@ class HeadConfig:
         return cls(**{**json.loads(text), "token": os.environ[TOKEN_ENV]})
 
 
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything a worker needs to start; its node manager writes it for each one."""
+
+    session_dir: str
+    token: str
+    nm_address: str  # "unix:/path" of its node manager
+    head_address: str
+    node_ip: str  # where it listens for owners on other nodes
+    worker_id: bytes
+
+    def to_json(self) -> str:
+        """The config without its token (which travels in ``TOKEN_ENV``)."""
+        return json.dumps({**self.__dict__, "token": "", "worker_id": self.worker_id.hex()})
+
+    @classmethod
+    def from_json(cls, text: str) -> WorkerConfig:
+        fields = json.loads(text)
+        return cls(**{**fields, "token": os.environ[TOKEN_ENV],
+                      "worker_id": bytes.fromhex(fields["worker_id"])})
+
+
 def parse_resources(text: str | None) -> dict[str, float]:
     """Parse ``--resources '{"name": 2}'``. Raises ValueError with a fix."""
     if not text:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rtml.scheduler.strategy import DEFAULT, SPREAD, affinity
+
 TASK_OPTIONS = {"num_cpus", "num_gpus", "memory", "resources", "num_returns", "max_retries",
                 "retry_exceptions", "name", "scheduling_strategy"}
 ACTOR_OPTIONS = {"num_cpus", "num_gpus", "memory", "resources", "name", "namespace",
@@ -30,11 +32,11 @@ class NodeAffinitySchedulingStrategy:
 
 
 def strategy_of(options: dict[str, Any]) -> str:
-    """The wire form of ``scheduling_strategy``: "", "SPREAD" or "node:<hex>[:soft]"."""
+    """The wire form of ``scheduling_strategy`` (``rtml.scheduler.strategy``)."""
     strategy = options.get("scheduling_strategy")
     if isinstance(strategy, NodeAffinitySchedulingStrategy):
-        return f"node:{strategy.node_id}" + (":soft" if strategy.soft else "")
-    return "SPREAD" if strategy == "SPREAD" else ""
+        return affinity(strategy.node_id, strategy.soft)
+    return SPREAD if strategy == SPREAD else DEFAULT
 
 
 def check_options(options: dict[str, Any], allowed: set[str], what: str) -> dict[str, Any]:

@@ -31,13 +31,13 @@ from rtml.exceptions import TaskCancelledError, WorkerCrashedError
 from rtml.rpc import messages as m
 from rtml.rpc.reactor import Connection
 from rtml.scheduler.resources import Shape
+from rtml.scheduler.strategy import SPREAD
 
 if TYPE_CHECKING:
     from rtml.core.runtime import ClientRuntime
 
 log = logging.getLogger(__name__)
 
-SPREAD = "SPREAD"
 PIPELINE_DEPTH = 16
 COVER_SECONDS = 0.0025
 LONG_TASK_SECONDS = 0.05

@@ -36,6 +36,7 @@ from rtml.rpc import messages as m
 from rtml.rpc.server import Peer, Service
 from rtml.scheduler import placement as pl
 from rtml.scheduler.resources import fits
+from rtml.scheduler.strategy import SPREAD, parse_affinity
 
 log = logging.getLogger(__name__)
 
@@ -230,14 +231,14 @@ class HeadService(Service):
         self._carry_out(self.actors.create(peer, msg.req_id, msg.spec, msg.get_if_exists))
 
     def _actor_node(self, spec: m.ActorSpec) -> bytes | None:
-        affinity = pl.parse_affinity(spec.strategy)
+        affinity = parse_affinity(spec.strategy)
         if affinity is not None:
             node = self.nodes.get(affinity[0])
             if node is not None and node.alive and fits(spec.shape, node.view.total):
                 return node.view.node_id
             if not affinity[1]:
                 return None
-        view = self.sched.pick_for_actor(spec.shape, spread=spec.strategy == pl.SPREAD)
+        view = self.sched.pick_for_actor(spec.shape, spread=spec.strategy == SPREAD)
         return None if view is None else view.node_id
 
     def _node_alive(self, node_id: bytes) -> bool:

@@ -25,8 +25,8 @@ from typing import Any
 
 from rtml.rpc import messages as m
 from rtml.scheduler.local import LocalScheduler
-from rtml.scheduler.placement import SPREAD, parse_affinity
 from rtml.scheduler.resources import Shape, fits
+from rtml.scheduler.strategy import SPREAD, parse_affinity
 
 
 @dataclass(frozen=True)

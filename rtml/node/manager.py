@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rtml.config import HEARTBEAT_INTERVAL, NodeConfig
+from rtml.config import HEARTBEAT_INTERVAL, NodeConfig, WorkerConfig
 from rtml.control_plane import ControlPlane
 from rtml.daemon import die_with_launcher, pid_alive, report_ready, run_until_stopped, setup_logging
 from rtml.exceptions import ProtocolError, RtmlSystemError
@@ -351,9 +351,8 @@ class NodeManager(Service):
     def _spawn(self, actor_id: bytes) -> None:
         worker = WorkerProc(random_id(), actor_id)
         self.workers[worker.worker_id] = worker
-        config = {"session_dir": str(self.session.root),
-                  "nm_address": f"unix:{self.unix_path}", "node_ip": self.cfg.node_ip,
-                  "head_address": self.cfg.head_address, "worker_id": worker.worker_id.hex()}
+        config = WorkerConfig(str(self.session.root), self.token, f"unix:{self.unix_path}",
+                              self.cfg.head_address, self.cfg.node_ip, worker.worker_id)
         log_path = str(self.session.log_file(f"worker-{worker.worker_id.hex()[:12]}-out"))
         self.launcher.spawn(worker, config, log_path)
 

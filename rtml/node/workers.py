@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rtml.config import WorkerConfig
 from rtml.exceptions import RtmlSystemError
 
 log = logging.getLogger(__name__)
@@ -70,13 +71,13 @@ class WorkerLauncher:
         self._requests, _ = await loop.connect_write_pipe(asyncio.Protocol, self._zygote.stdin)
         self._reader = asyncio.create_task(self._read_pids(pids))
 
-    def spawn(self, worker: WorkerProc, config: dict[str, Any], log_path: str) -> None:
+    def spawn(self, worker: WorkerProc, config: WorkerConfig, log_path: str) -> None:
         """Ask the zygote for a worker; its pid arrives asynchronously."""
         requests = self._requests
         if requests is None or requests.is_closing() or self._zygote.poll() is not None:
             raise RtmlSystemError("the worker zygote is not running; see node_manager.log")
         self._waiting.append(worker)
-        request = {"config": json.dumps(config), "log_path": log_path}
+        request = {"config": config.to_json(), "log_path": log_path}
         requests.write((json.dumps(request) + "\n").encode())
 
     async def _read_pids(self, pids: asyncio.StreamReader) -> None:

@@ -24,8 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rtml.scheduler.resources import Shape, fits, subtract
-
-SPREAD = "SPREAD"
+from rtml.scheduler.strategy import SPREAD, parse_affinity
 
 
 @dataclass
@@ -72,14 +71,6 @@ class Parked:
 
 
 Decision = Placed | Failed | Pending | Parked
-
-
-def parse_affinity(strategy: str) -> tuple[bytes, bool] | None:
-    """``"node:<hex>[:soft]"`` -> (node id, soft); None for other strategies."""
-    if not strategy.startswith("node:"):
-        return None
-    _, hex_id, *rest = strategy.split(":")
-    return bytes.fromhex(hex_id), rest == ["soft"]
 
 
 @dataclass

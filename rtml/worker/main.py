@@ -13,7 +13,6 @@ the client runtime (nested submissions, get, put) runs its own I/O thread.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import socket
@@ -22,7 +21,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from rtml.config import TOKEN_ENV
+from rtml.config import WorkerConfig
 from rtml.core import context
 from rtml.core.runtime import ClientConfig, ClientRuntime
 from rtml.exceptions import ProtocolError
@@ -105,18 +104,17 @@ class BlockedCounter:
 
 
 def main(argv: list[str]) -> int:
-    cfg = json.loads(argv[1])
-    session = Session(Path(cfg["session_dir"]))
-    worker_id = bytes.fromhex(cfg["worker_id"])
-    logging.basicConfig(filename=session.log_file(f"worker-{cfg['worker_id'][:12]}"),
+    cfg = WorkerConfig.from_json(argv[1])
+    session = Session(Path(cfg.session_dir))
+    name = cfg.worker_id.hex()
+    logging.basicConfig(filename=session.log_file(f"worker-{name[:12]}"),
                         level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    rt = ClientRuntime(ClientConfig(role="worker", token=os.environ[TOKEN_ENV],
-                                    nm_address=cfg["nm_address"],
-                                    head_address=cfg["head_address"],
-                                    session_dir=cfg["session_dir"], client_id=worker_id))
+    rt = ClientRuntime(ClientConfig(role="worker", token=cfg.token, nm_address=cfg.nm_address,
+                                    head_address=cfg.head_address,
+                                    session_dir=cfg.session_dir, client_id=cfg.worker_id))
     server_reactor = Reactor("rtml-task-server")
     executor = Executor(rt)
     rt.nm_extra_handler = lambda msg: _on_nm_message(rt, executor, server_reactor, msg)
@@ -126,12 +124,12 @@ def main(argv: list[str]) -> int:
     job = lambda: executor.current_job  # noqa: E731 - read at write time
     sys.stdout = OutputTee(sys.stdout, rt.nm.send, job)
     sys.stderr = OutputTee(sys.stderr, rt.nm.send, job)
-    path = str(session.sockets / f"w-{cfg['worker_id'][:16]}.sock")
+    path = str(session.sockets / f"w-{name[:16]}.sock")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     os.chmod(path, 0o600)
     listener.listen(128)
-    tcp_listener = socket.create_server((cfg["node_ip"], 0), backlog=128)
+    tcp_listener = socket.create_server((cfg.node_ip, 0), backlog=128)
     host, port = tcp_listener.getsockname()[:2]
     server = TaskServer(rt, executor, server_reactor)
     rt.reactor.listen(listener, server.accept)

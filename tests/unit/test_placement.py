@@ -10,8 +10,8 @@ from rtml.scheduler.placement import (
     Pending,
     Placed,
     Request,
-    parse_affinity,
 )
+from rtml.scheduler.strategy import parse_affinity
 
 A, B, C = b"a" * 16, b"b" * 16, b"c" * 16
 ONE_CPU = {"CPU": 1.0}
