@@ -142,14 +142,12 @@ def _connect(session: Session, head_address: str, nm_address: str, token: str,
              namespace: str, log_to_driver: bool) -> ClientRuntime:
     job_id = new_job_id()
     paths = [os.getcwd(), *_project_paths()]
-    rt = ClientRuntime(ClientConfig("driver", token, nm_address, head_address,
-                                    str(session.root), job_id, namespace=namespace,
-                                    sys_paths=tuple(dict.fromkeys(paths)),
-                                    log_to_driver=log_to_driver))
     try:
-        rt.connect()
+        rt = ClientRuntime(ClientConfig("driver", token, nm_address, head_address,
+                                        str(session.root), job_id, namespace=namespace,
+                                        sys_paths=tuple(dict.fromkeys(paths)),
+                                        log_to_driver=log_to_driver))
     except BaseException:
-        rt.close()
         _stop_embedded()
         raise
     rt.head.send(m.RegisterJob(job_id, os.getpid(), namespace, os.getcwd()))

@@ -85,7 +85,12 @@ class ClientConfig:
 class ClientRuntime:
     """Connections, owned objects, reference counts and task submission of one process."""
 
-    def __init__(self, config: ClientConfig) -> None:
+    def __init__(self, config: ClientConfig,
+                 on_worker_message: Callable[[Any], None] | None = None) -> None:
+        """Connect to the node manager and the head service: the runtime is whole once
+        built. ``on_worker_message``: a worker's handler of what its node manager asks of
+        it (cancel a running task, become an actor). Raises RtmlSystemError if either
+        daemon cannot be reached or refuses us (nothing is left running then)."""
         self.config = config
         self.role = config.role
         self.token = config.token
@@ -104,38 +109,43 @@ class ClientRuntime:
         self._replies: dict[int, Callable[[Any], None]] = {}
         self._exported: set[bytes] = set()
         self.functions: dict[bytes, Any] = {}
-        self.blocked_hook: Callable[[bool], None] | None = None
+        self.on_worker_message = on_worker_message
+        self._blocked = 0  # a worker's tasks waiting in get/wait: its CPU is lent back
+        self._blocked_lock = threading.Lock()
         self.current_task_name = "driver"
         self.closed = False
         self.remote_nms: dict[bytes, Connection] = {}
         self._warned_shapes: set[tuple[tuple[str, float], ...]] = set()
         self._unflushed: list[Connection] = []
-
-    # -- lifecycle ---------------------------------------------------------------------------
-
-    def connect(self) -> None:
-        """Start the reactor and connect to the node manager and the head service."""
         self.reactor.start()
-        hello = make_hello(self.token, self.role, self.client_id, self.job_id, self.sys_paths)
-        self.nm, reply = open_connection(self.reactor, self.config.nm_address, hello,
-                                         self._on_nm_message, self._on_nm_closed)
-        self.node_id: bytes = reply.node_id
-        self.store_namespace = reply.info["store_namespace"]
-        hello.node_id = self.node_id
-        self.head, head_reply = open_connection(self.reactor, self.config.head_address, hello,
-                                                self._on_head_message, self._on_head_closed)
+        try:
+            hello = make_hello(self.token, self.role, self.client_id, self.job_id,
+                               self.sys_paths)
+            self.nm, reply = open_connection(self.reactor, config.nm_address, hello,
+                                             self._on_nm_message, self._on_nm_closed)
+            self.node_id: bytes = reply.node_id
+            self.store_namespace = reply.info["store_namespace"]
+            hello.node_id = self.node_id
+            self.head, head_reply = open_connection(self.reactor, config.head_address, hello,
+                                                    self._on_head_message,
+                                                    self._on_head_closed)
+        except BaseException:
+            self.reactor.stop()
+            self.reactor.close()
+            raise
         info = head_reply.info
         self.plane = ControlPlane(info["redis_host"], int(info["redis_port"]), self.token)
         self.writer = BatchedWriter(self.plane)
         object_ref.set_counter(self.refs)
+
+    # -- lifecycle ---------------------------------------------------------------------------
 
     def close(self) -> None:
         """Drop connections; owned objects die with the connection to the node manager."""
         if self.closed:
             return
         self.closed = True
-        if hasattr(self, "writer"):
-            self.owner.settle()  # the outcome records of the last results
+        self.owner.settle()  # the outcome records of the last results
         object_ref.set_counter(None)
         for caller in list(self.owner.actor_callers.values()):
             caller.shutdown()
@@ -143,9 +153,8 @@ class ClientRuntime:
         for conn in self.remote_nms.values():
             conn.on_close = None
             conn.close("shutdown")
-        for part in ("writer", "plane"):  # absent if connect() failed before the head answered
-            if hasattr(self, part):
-                getattr(self, part).close()
+        self.writer.close()
+        self.plane.close()
         self.reactor.stop()
         self.reactor.close()
 
@@ -246,10 +255,8 @@ class ClientRuntime:
             self.submitter.on_lease_failed(msg)
         elif isinstance(msg, m.LeaseInfeasible):
             self._warn_infeasible(msg.shape)
-        elif self.nm_extra_handler is not None:
-            self.nm_extra_handler(msg)
-
-    nm_extra_handler: Callable[[Any], None] | None = None
+        elif self.on_worker_message is not None:
+            self.on_worker_message(msg)
 
     def _node_died(self, node_id: bytes) -> None:
         """Tasks and actor calls running there are retried or fail; its objects are lost."""
@@ -407,9 +414,9 @@ class ClientRuntime:
         """Wait for ``done``; ``spin``: one task's result, due soon (see Reactor.SPIN)."""
         if done.is_set():
             return
-        hook = self.blocked_hook
-        if hook is not None:
-            hook(True)
+        lend = self.role == "worker"
+        if lend:
+            self.lend_cpu(True)
         try:
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
             if not self.reactor.wait_serving(done, timeout, spin):
@@ -417,8 +424,8 @@ class ClientRuntime:
                     f"get timed out after waiting for {len(ids)} object(s), e.g. "
                     f"{ids[0].hex()}; the task may still be running")
         finally:
-            if hook is not None:
-                hook(False)
+            if lend:
+                self.lend_cpu(False)
 
     def _value(self, ref: ObjectRef, deadline: float | None) -> Any:
         entry = self.store.entries.get(ref.id)
@@ -575,17 +582,26 @@ class ClientRuntime:
             cancel_waits = self.on_ready(rest, arrived, fetch_local,
                                          making=() if timeout == 0 else making)
         blocked = not enough.is_set() and timeout != 0
-        if blocked and self.blocked_hook is not None:
-            self.blocked_hook(True)  # inside a task: lend the CPU back while waiting
+        lend = blocked and self.role == "worker"
+        if lend:
+            self.lend_cpu(True)  # inside a task: lend the CPU back while waiting
         try:
             if blocked:
                 self.reactor.wait_serving(enough, timeout)
         finally:
-            if blocked and self.blocked_hook is not None:
-                self.blocked_hook(False)
+            if lend:
+                self.lend_cpu(False)
             cancel_waits()  # also when interrupted: no callback may outlive the call
         with lock:
             return set(ready)
+
+    def lend_cpu(self, blocked: bool) -> None:
+        """A worker's task starts (or stops) waiting in get/wait: the node manager lends
+        its CPU to other work meanwhile. Told once for any number of waits at a time."""
+        with self._blocked_lock:
+            self._blocked += 1 if blocked else -1
+            if self._blocked == (1 if blocked else 0):
+                self.nm.send(m.WorkerBlocked() if blocked else m.WorkerUnblocked())
 
     def _elsewhere(self, object_id: bytes) -> bool:
         """An owned result that lives only on another node so far."""

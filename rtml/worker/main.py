@@ -17,7 +17,6 @@ import logging
 import os
 import socket
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -87,20 +86,28 @@ class TaskServer:
             log.warning("unexpected %s from an owner", type(msg).__name__)
 
 
-class BlockedCounter:
-    """Tells the node manager when the first thread of this worker blocks in get/wait
-    (its CPU can be lent out) and when the last one resumes."""
+class NodeOrders:
+    """What the node manager asks of this worker: cancel a running task, become an actor.
 
-    def __init__(self, rt: ClientRuntime) -> None:
-        self.rt = rt
-        self.blocked = 0
-        self.lock = threading.Lock()
+    The runtime hands these over as they arrive; the executor is set once the worker is
+    built, before the node manager can send either (it sends them only once it has our
+    WorkerListening, the last step of start-up).
+    """
 
-    def change(self, blocked: bool) -> None:
-        with self.lock:
-            self.blocked += 1 if blocked else -1
-            if self.blocked == (1 if blocked else 0):
-                self.rt.nm.send(m.WorkerBlocked() if blocked else m.WorkerUnblocked())
+    def __init__(self) -> None:
+        self.executor: Executor | None = None
+        self.server: Reactor | None = None
+
+    def receive(self, msg: Any) -> None:
+        executor, server = self.executor, self.server
+        if executor is None or server is None:
+            log.warning("%s before the worker was ready; ignored", type(msg).__name__)
+        elif isinstance(msg, m.CancelRunning):
+            executor.cancel(msg.task_id)
+            if msg.recursive:
+                executor.rt.owner.cancel_children(msg.task_id)
+        elif isinstance(msg, m.BecomeActor):
+            server.call_soon(_become_actor, executor, msg)
 
 
 def main(argv: list[str]) -> int:
@@ -112,14 +119,14 @@ def main(argv: list[str]) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+    orders = NodeOrders()
     rt = ClientRuntime(ClientConfig(role="worker", token=cfg.token, nm_address=cfg.nm_address,
                                     head_address=cfg.head_address,
-                                    session_dir=cfg.session_dir, client_id=cfg.worker_id))
+                                    session_dir=cfg.session_dir, client_id=cfg.worker_id),
+                       on_worker_message=orders.receive)
     server_reactor = Reactor("rtml-task-server")
     executor = Executor(rt)
-    rt.nm_extra_handler = lambda msg: _on_nm_message(rt, executor, server_reactor, msg)
-    rt.blocked_hook = BlockedCounter(rt).change
-    rt.connect()
+    orders.executor, orders.server = executor, server_reactor
     context.set_runtime(rt)
     job = lambda: executor.current_job  # noqa: E731 - read at write time
     sys.stdout = OutputTee(sys.stdout, rt.nm.send, job)
@@ -142,16 +149,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _on_nm_message(rt: ClientRuntime, executor: Executor, server: Reactor, msg: Any) -> None:
-    if isinstance(msg, m.CancelRunning):
-        executor.cancel(msg.task_id)
-        if msg.recursive:
-            rt.owner.cancel_children(msg.task_id)
-    elif isinstance(msg, m.BecomeActor):
-        server.call_soon(_become_actor, rt, executor, msg)
-
-
-def _become_actor(rt: ClientRuntime, executor: Executor, msg: m.BecomeActor) -> None:
+def _become_actor(executor: Executor, msg: m.BecomeActor) -> None:
     error = executor.become_actor(msg.spec, msg.gpu_ids)
-    rt.nm.send(m.ActorReady(msg.spec.actor_id, error))
+    executor.rt.nm.send(m.ActorReady(msg.spec.actor_id, error))
 

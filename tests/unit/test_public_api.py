@@ -109,15 +109,38 @@ def test_not_initialized_by_default_in_unit_tests() -> None:
     assert rtml.is_initialized() is False
 
 
-def test_a_failed_connect_reports_its_own_error_and_closes_cleanly(tmp_path) -> None:
+def test_a_failed_connect_reports_its_own_error_and_leaves_nothing_running(tmp_path) -> None:
+    import threading
+
     import pytest
 
     from rtml.core.runtime import ClientConfig, ClientRuntime
     from rtml.exceptions import RtmlSystemError
 
-    rt = ClientRuntime(ClientConfig("driver", "t" * 32, f"unix:{tmp_path}/no-such.sock",
-                                    "127.0.0.1:9", str(tmp_path)))
+    before = set(threading.enumerate())
     with pytest.raises(RtmlSystemError, match="cannot connect"):
-        rt.connect()
-    rt.close()  # must not hide the error above behind an AttributeError
-    assert rt.closed
+        ClientRuntime(ClientConfig("driver", "t" * 32, f"unix:{tmp_path}/no-such.sock",
+                                   "127.0.0.1:9", str(tmp_path)))
+    assert [t.name for t in set(threading.enumerate()) - before if t.is_alive()] == []
+
+
+def test_a_head_that_cannot_be_reached_fails_construction_after_the_node_manager(
+        tmp_path) -> None:
+    import threading
+
+    import pytest
+
+    from rtml.core.runtime import ClientConfig, ClientRuntime
+    from rtml.exceptions import RtmlSystemError
+    from tests.unit.test_references import stand_ins
+
+    nm_address, _, connections = stand_ins(tmp_path)
+    before = set(threading.enumerate())
+    with pytest.raises(RtmlSystemError, match="no-head.sock"):
+        ClientRuntime(ClientConfig("driver", "t" * 32, nm_address,
+                                   f"unix:{tmp_path}/no-head.sock", str(tmp_path)))
+    nm_end = connections()[0]
+    nm_end.settimeout(5)
+    assert nm_end.recv(1) == b""  # the runtime closed its node-manager connection
+    assert [t.name for t in set(threading.enumerate()) - before
+            if t.is_alive() and t.name.startswith("rtml")] == []

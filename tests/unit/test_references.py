@@ -1,14 +1,17 @@
 """ReferenceCounter.process_refops: the holds and releases a batch of changes sends.
 
-The counter is a real, unconnected runtime's; its node manager is the far end of a
-socketpair, whose frames the test reads (and answers, for a fence).
+The counter is a real runtime's, connected to stand-ins for its node manager and head
+service on Unix sockets: each answers the handshake, and the node manager's end is then
+read by the test (and answers, for a fence). Redis is never reached (its client connects
+on first use, and nothing here writes to it).
 """
 
 from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +20,6 @@ from rtml.core.references import ReferenceCounter
 from rtml.core.runtime import ClientConfig, ClientRuntime
 from rtml.rpc import messages as m
 from rtml.rpc.framing import FrameDecoder, frame
-from rtml.rpc.reactor import Connection
 
 ME = b"c" * 16
 X = b"x" * 20
@@ -52,18 +54,56 @@ class NodeManager:
         self.sock.sendall(frame(m.encode(msg)))
 
 
+def _answer_hello(listener: socket.socket, reply: m.HelloReply) -> socket.socket:
+    """Accept one connection, read its Hello, answer ``reply``; the connection."""
+    conn, _ = listener.accept()
+    decoder = FrameDecoder()
+    while not decoder.feed(conn.recv(65536)):
+        pass
+    conn.sendall(frame(m.encode(reply)))
+    return conn
+
+
+def stand_ins(tmp_path: Path) -> tuple[str, str, Callable[[], list[socket.socket]]]:
+    """Addresses of a node manager and a head that answer one handshake each, and a
+    function returning their ends of the connections once both answered."""
+    listeners = []
+    for name in ("nm", "head"):
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(tmp_path / f"{name}.sock"))
+        listener.listen(1)
+        listeners.append(listener)
+    ends: list[socket.socket] = []
+
+    def serve() -> None:
+        ends.append(_answer_hello(listeners[0], m.HelloReply(
+            ok=True, node_id=b"n" * 16, info={"store_namespace": "ns"})))
+        ends.append(_answer_hello(listeners[1], m.HelloReply(
+            ok=True, info={"redis_host": "127.0.0.1", "redis_port": "9"})))
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+
+    def connections() -> list[socket.socket]:
+        thread.join(10)
+        for listener in listeners:
+            listener.close()
+        return ends
+
+    return f"unix:{tmp_path}/nm.sock", f"unix:{tmp_path}/head.sock", connections
+
+
 @pytest.fixture
-def counter() -> Iterator[tuple[ReferenceCounter, NodeManager]]:
-    runtime = ClientRuntime(ClientConfig(role="driver", token="t", nm_address="",
-                                         head_address="", session_dir="", client_id=ME))
-    ours, theirs = socket.socketpair()
-    runtime.reactor.start()
-    runtime.node_id = b"n" * 16
-    runtime.nm = runtime.reactor.add(Connection(runtime.reactor, ours,
-                                                runtime._on_nm_message, name="nm"))
-    yield runtime.refs, NodeManager(theirs)
+def counter(tmp_path: Path) -> Iterator[tuple[ReferenceCounter, NodeManager]]:
+    nm_address, head_address, connections = stand_ins(tmp_path)
+    runtime = ClientRuntime(ClientConfig(role="driver", token="t", nm_address=nm_address,
+                                         head_address=head_address,
+                                         session_dir=str(tmp_path), client_id=ME))
+    nm_end, head_end = connections()
+    yield runtime.refs, NodeManager(nm_end)
     runtime.close()
-    theirs.close()
+    nm_end.close()
+    head_end.close()
 
 
 def _holds(nm: NodeManager) -> list[tuple[str, list[bytes]]]:
