@@ -430,7 +430,7 @@ async def serve(cfg: NodeConfig, ready_fd: int, zygote: subprocess.Popen[bytes])
     try:
         await nm.start()
         await run_until_stopped(nm.stopped, nm.heartbeat_loop(), nm.head_loop(),
-                                nm.ready_when_registered(ready_fd))
+                                nm.launcher.read_pids(), nm.ready_when_registered(ready_fd))
     finally:
         await nm.shutdown()
 

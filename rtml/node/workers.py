@@ -4,7 +4,7 @@
                                             <--pid------
     pidfd readable (the worker exited) --> on_exit(worker)
 
-The zygote is started by the process's entry (``node_main``) before the node
+The zygote is started by the process's entry (``rtml.node.main``) before the node
 manager's imports, and adopted here.
 
 Exits are seen through a pidfd the moment they happen, whoever reaps the
@@ -60,16 +60,14 @@ class WorkerLauncher:
         self._zygote = zygote
         self._requests: asyncio.WriteTransport | None = None
         self._waiting: deque[WorkerProc] = deque()
-        self._reader: asyncio.Task[None] | None = None
+        self._pids = asyncio.StreamReader()
 
     async def start(self) -> None:
         """Adopt the zygote's pipes (it may still be importing: requests wait in its pipe)."""
         loop = asyncio.get_running_loop()
-        pids = asyncio.StreamReader()
-        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(pids),
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(self._pids),
                                      self._zygote.stdout)
         self._requests, _ = await loop.connect_write_pipe(asyncio.Protocol, self._zygote.stdin)
-        self._reader = asyncio.create_task(self._read_pids(pids))
 
     def spawn(self, worker: WorkerProc, config: WorkerConfig, log_path: str) -> None:
         """Ask the zygote for a worker; its pid arrives asynchronously."""
@@ -80,8 +78,10 @@ class WorkerLauncher:
         request = {"config": config.to_json(), "log_path": log_path}
         requests.write((json.dumps(request) + "\n").encode())
 
-    async def _read_pids(self, pids: asyncio.StreamReader) -> None:
-        while line := await pids.readline():
+    async def read_pids(self) -> None:
+        """Watch each forked worker from the pid the zygote reports (a background task of
+        the node manager's, from :meth:`start` on); returns when the zygote exits."""
+        while line := await self._pids.readline():
             self._watch(self._waiting.popleft(), int(line))
         code = await asyncio.to_thread(self._zygote.wait)
         log.error("the worker zygote exited (code %s)", code)
@@ -120,7 +120,5 @@ class WorkerLauncher:
         if zygote.poll() is None:
             zygote.kill()
             await asyncio.to_thread(zygote.wait)
-        if self._reader is not None:
-            self._reader.cancel()
         if self._requests is not None:
             self._requests.close()
