@@ -55,11 +55,23 @@ def setup_logging(path: str) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-def report_ready(fd: int, text: str) -> None:
-    """Tell the parent we are serving (one line on the readiness pipe)."""
-    if fd >= 0:
-        os.write(fd, (text + "\n").encode())
-        os.close(fd)
+class ReadyPipe:
+    """The pipe on which a daemon tells its launcher that it serves, or why it could not:
+    one line, once. Later reports are dropped: the fd is closed by then, and its number
+    may already name another file."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd  # -1: nobody listens
+
+    def report(self, text: str) -> None:
+        """Write ``text`` as the one line (``ok ...`` or ``error ...``). Raises OSError if
+        the launcher is gone."""
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            try:
+                os.write(fd, (text + "\n").encode())
+            finally:
+                os.close(fd)
 
 
 class _Stopped(Exception):

@@ -99,7 +99,20 @@ class Answer:
 
 @dataclass(frozen=True)
 class Record:
-    actor: Actor
+    """Write the actor's state as it was at this transition (a later one may follow
+    before the shell carries this out)."""
+
+    spec: m.ActorSpec
+    state: ActorState
+    node_id: bytes
+    address: str
+    restarts: int
+    error: str
+
+    @classmethod
+    def of(cls, actor: Actor) -> Record:
+        return cls(actor.spec, actor.state, actor.node_id, actor.address, actor.restarts,
+                   actor.error)
 
 
 @dataclass(frozen=True)
@@ -142,7 +155,7 @@ class ActorDirectory:
         commands: list[Command] = []
         if spec.name:
             commands.append(ClaimName(spec.namespace, spec.name, spec.actor_id))
-        commands.append(Record(actor))
+        commands.append(Record.of(actor))
         if req_id:
             commands.append(Answer(peer, actor.info(req_id)))
         return commands + self._place(actor)
@@ -162,7 +175,7 @@ class ActorDirectory:
         if actor.no_restart:  # killed while it was (re)starting: its worker came up anyway
             return self._kill(actor, actor.error or "it was killed while starting")
         actor.state, actor.address, actor.tcp_address = ActorState.ALIVE, address, tcp_address
-        return [Record(actor), *self._answer(actor)]
+        return [Record.of(actor), *self._answer(actor)]
 
     def worker_died(self, actor_id: bytes, reason: str) -> list[Command]:
         """The actor's process exited (or its node died)."""
@@ -175,7 +188,7 @@ class ActorDirectory:
                 f"is used up"))
         actor.restarts += 1
         actor.state, actor.address = ActorState.RESTARTING, ""
-        return [Record(actor), *self._place(actor)]
+        return [Record.of(actor), *self._place(actor)]
 
     def kill(self, actor_id: bytes, no_restart: bool, reason: str) -> list[Command]:
         """``rtml.kill``, or its last handle went out of scope."""
@@ -263,7 +276,7 @@ class ActorDirectory:
         commands: list[Command] = []
         if spec.name:
             commands.append(ReleaseName(spec.namespace, spec.name, spec.actor_id))
-        commands += [Record(actor), *self._answer(actor)]
+        commands += [Record.of(actor), *self._answer(actor)]
         if actor.owner is not None:  # unasked (req_id 0): it lets go of the arguments
             commands.append(Answer(actor.owner, actor.info(0)))
             actor.owner = None

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from rtml.config import HEARTBEAT_INTERVAL, HeadConfig
-from rtml.daemon import die_with_launcher, report_ready, run_until_stopped, setup_logging
+from rtml.daemon import ReadyPipe, die_with_launcher, run_until_stopped, setup_logging
 from rtml.head.service import HeadService
 from rtml.rpc import messages as m
 from rtml.rpc.server import protocol_factory
@@ -28,7 +28,7 @@ from rtml.session import Session
 log = logging.getLogger(__name__)
 
 
-async def serve(cfg: HeadConfig, ready_fd: int) -> None:
+async def serve(cfg: HeadConfig, ready: ReadyPipe) -> None:
     head = HeadService(cfg)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -40,7 +40,7 @@ async def serve(cfg: HeadConfig, ready_fd: int) -> None:
         server = await loop.create_server(protocol_factory(head), cfg.host, cfg.port)
     port = server.sockets[0].getsockname()[1]
     log.info("head service pid %d serving on %s:%d", os.getpid(), cfg.host, port)
-    report_ready(ready_fd, f"ok {cfg.host}:{port}")
+    ready.report(f"ok {cfg.host}:{port}")
     try:
         await run_until_stopped(head.stopped, _watch_liveness(head))
     finally:
@@ -64,15 +64,15 @@ async def _watch_liveness(head: HeadService) -> None:
 
 def main(argv: list[str]) -> int:
     cfg = HeadConfig.from_json(argv[1])
-    ready_fd = int(argv[2]) if len(argv) > 2 else -1
+    ready = ReadyPipe(int(argv[2]) if len(argv) > 2 else -1)
     die_with_launcher()
     setup_logging(str(Session(Path(cfg.session_dir)).log_file("head")))
     try:
-        asyncio.run(serve(cfg, ready_fd))
+        asyncio.run(serve(cfg, ready))
     except Exception:
         log.exception("head service failed")
         with contextlib.suppress(OSError):
-            report_ready(ready_fd, "error see head.log")
+            ready.report("error see head.log")
         return 1
     return 0
 

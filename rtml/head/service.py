@@ -15,15 +15,14 @@ places leases, ``ActorDirectory`` runs actors' lives; this module turns messages
 their events and their commands into messages and control-plane writes.
 
 Every state change is written to the control plane (Redis), off the event loop: writes go
-in order through one thread (:meth:`HeadService._write`), so a slow Redis delays the
-record, never a heartbeat or a placement. Timeline events go through a BatchedWriter that
+in order through one thread (``rtml.head.writes``), so a slow Redis delays the record,
+never a heartbeat or a placement. Timeline events go through a BatchedWriter that
 flushes every EVENT_FLUSH_INTERVAL s, so a burst of them is one pipelined call.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import time
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from typing import Any
 from rtml.config import HeadConfig
 from rtml.control_plane import BatchedWriter, ControlPlane
 from rtml.head import actors as ad
+from rtml.head.writes import PlaneWrites
 from rtml.rpc import messages as m
 from rtml.rpc.server import Peer, Service
 from rtml.scheduler import placement as pl
@@ -41,6 +41,8 @@ from rtml.scheduler.strategy import SPREAD, parse_affinity
 log = logging.getLogger(__name__)
 
 EVENT_FLUSH_INTERVAL = 0.1
+CLOSE_TIMEOUT = 4.0
+"""Seconds the queued writes get at shutdown (the launcher kills the head after 5)."""
 DRIVER_EXITED = "the driver exited"
 
 
@@ -66,7 +68,7 @@ class HeadService(Service):
         self.token = cfg.token
         self.plane = ControlPlane(cfg.redis_host, cfg.redis_port, cfg.token)
         self.events = BatchedWriter(self.plane, interval=EVENT_FLUSH_INTERVAL)
-        self.writes = concurrent.futures.ThreadPoolExecutor(1, "rtml-head-plane")
+        self.writes = PlaneWrites()
         self.nodes: dict[bytes, NodeState] = {}
         self.sched = pl.GlobalScheduler()
         self.actors = ad.ActorDirectory(self._actor_node, self._node_alive)
@@ -91,20 +93,17 @@ class HeadService(Service):
         for job_id, job_peer in list(self.jobs.items()):
             if job_peer is peer:
                 del self.jobs[job_id]
-                self._write(self.plane.finish_job, job_id)
-                self._write(self.plane.put_job, job_id,
-                            {"status": "FINISHED", "end_ts": time.time()})
+                self.writes.write(self.plane.finish_job, job_id)
+                self.writes.write(self.plane.put_job, job_id,
+                                  {"status": "FINISHED", "end_ts": time.time()})
                 self._event("JobFinished", job_id=job_id)
                 self._carry_out(self.actors.job_ended(job_id, "its driver exited"))
-                self._write(fail_pending_tasks, self.plane, job_id)
-
-    def _write(self, fn: Any, *args: Any) -> None:
-        """Run a control-plane write on the writes thread, after those queued before it."""
-        self.writes.submit(_logged, fn, *args)
+                self.writes.aside(fail_pending_tasks, self.plane, job_id)
 
     def close(self) -> None:
-        """Finish the queued writes, then close the control plane."""
-        self.writes.shutdown(wait=True)
+        """Give the queued writes up to CLOSE_TIMEOUT s, then close the control plane
+        (in a thread: it blocks)."""
+        self.writes.close(CLOSE_TIMEOUT)
         self.events.close()
         self.plane.close()
 
@@ -118,12 +117,14 @@ class HeadService(Service):
         view = pl.NodeView(msg.node_id, msg.address, msg.resources, dict(msg.resources),
                            last_heartbeat=time.monotonic())
         self.nodes[msg.node_id] = NodeState(view, peer, msg.session_dir, msg.transfer_address)
-        self._write(self.plane.put_node, msg.node_id, {
+        # The table goes out once the node is recorded: the node reports ready on it, so
+        # `rtml status` right after `rtml start` finds it in the control plane.
+        self.writes.write(self.plane.put_node, msg.node_id, {
             "address": msg.address, "resources": msg.resources,
-            "session_dir": msg.session_dir, "alive": True, "start_ts": time.time()})
+            "session_dir": msg.session_dir, "alive": True, "start_ts": time.time()},
+            then=self._broadcast_nodes)
         self._event("NodeRegistered", node_id=msg.node_id, address=msg.address,
                     resources=msg.resources)
-        self._broadcast_nodes()
         self._decided(self.sched.node_added(view))
         self._carry_out(self.actors.place_pending())
 
@@ -141,7 +142,8 @@ class HeadService(Service):
 
     def _heartbeat(self, peer: Peer, msg: m.NodeHeartbeat) -> None:
         self._decided(self.sched.heartbeat(msg.node_id, msg.available, time.monotonic()))
-        self._write(self.plane.heartbeat, msg.node_id, msg.available, msg.pending_shapes)
+        self.writes.latest(("heartbeat", msg.node_id), self.plane.heartbeat, msg.node_id,
+                           msg.available, msg.pending_shapes)
         if self.actors.pending:
             self._carry_out(self.actors.place_pending())
 
@@ -153,7 +155,7 @@ class HeadService(Service):
     def _node_died(self, node_id: bytes, reason: str) -> None:
         node = self.nodes[node_id]
         self.sched.node_died(node_id)
-        self._write(self.plane.mark_node_dead, node_id)
+        self.writes.write(self.plane.mark_node_dead, node_id)
         self._event("NodeDied", node_id=node_id, reason=reason)
         log.warning("node %s is dead: %s", node_id.hex(), reason)
         node.peer.send(m.Shutdown())  # should it come back, it must not serve stale state
@@ -202,7 +204,7 @@ class HeadService(Service):
 
     def _register_job(self, peer: Peer, msg: m.RegisterJob) -> None:
         self.jobs[msg.job_id] = peer
-        self._write(self.plane.put_job, msg.job_id, {
+        self.writes.write(self.plane.put_job, msg.job_id, {
             "pid": msg.pid, "namespace": msg.namespace, "cwd": msg.cwd,
             "start_ts": time.time(), "status": "RUNNING"})
         self._event("JobStarted", job_id=msg.job_id, pid=msg.pid, namespace=msg.namespace)
@@ -263,32 +265,32 @@ class HeadService(Service):
             if isinstance(command, ad.Answer):
                 command.peer.send(command.info)
             elif isinstance(command, ad.Record):
-                self._record(command.actor)
+                self._record(command)
             elif isinstance(command, (ad.StartActor, ad.KillWorker)):
                 node = self.nodes.get(command.node_id)
                 if node is not None and node.alive:
                     node.peer.send(m.StartActor(command.spec) if isinstance(
                         command, ad.StartActor) else m.KillActorWorker(command.actor_id))
             elif isinstance(command, ad.ClaimName):
-                self._write(self.plane.set_named_actor, command.namespace, command.name,
-                            command.actor_id)
+                self.writes.write(self.plane.set_named_actor, command.namespace,
+                                  command.name, command.actor_id)
             else:
-                self._write(self.plane.delete_named_actor, command.namespace, command.name,
-                            command.actor_id)
+                self.writes.write(self.plane.delete_named_actor, command.namespace,
+                                  command.name, command.actor_id)
 
-    def _record(self, actor: ad.Actor) -> None:
-        spec, state = actor.spec, actor.state.value
-        reason = actor.error if actor.state is ad.ActorState.DEAD else ""
-        if actor.state is ad.ActorState.RESTARTING:
-            reason = f"restart {actor.restarts} of {spec.max_restarts}"
+    def _record(self, record: ad.Record) -> None:
+        spec, state = record.spec, record.state.value
+        reason = record.error if record.state is ad.ActorState.DEAD else ""
+        if record.state is ad.ActorState.RESTARTING:
+            reason = f"restart {record.restarts} of {spec.max_restarts}"
         self._event("ActorStateChanged", actor_id=spec.actor_id, job_id=spec.job_id,
                     class_name=spec.class_name, name=spec.name, state=state,
-                    node_id=actor.node_id, reason=reason)
-        self._write(self.plane.put_actor, spec.actor_id, {
+                    node_id=record.node_id, reason=reason)
+        self.writes.write(self.plane.put_actor, spec.actor_id, {
             "actor_id": spec.actor_id.hex(), "class_name": spec.class_name,
             "state": state, "name": spec.name, "namespace": spec.namespace,
-            "job_id": spec.job_id.hex(), "node_id": actor.node_id.hex(),
-            "address": actor.address, "restarts": actor.restarts, "error": actor.error,
+            "job_id": spec.job_id.hex(), "node_id": record.node_id.hex(),
+            "address": record.address, "restarts": record.restarts, "error": record.error,
             "detached": spec.detached, "max_restarts": spec.max_restarts})
 
     _handlers: dict[type, Any] = {
@@ -305,18 +307,10 @@ class HeadService(Service):
 def fail_pending_tasks(plane: ControlPlane, job_id: bytes) -> None:
     """Record the job's tasks still PENDING as FAILED: their driver (owner) has exited.
 
-    Runs once per job end, on the writes thread.
+    Runs once per job end, off the event loop.
     """
     pending = plane.list_tasks({"job_id": job_id.hex(), "status": "PENDING"})
     now = time.time()
     plane.write_task_records([
         {"task_id": bytes.fromhex(task["task_id"]), "status": "FAILED",
          "error": DRIVER_EXITED, "end_ts": now} for task in pending])
-
-
-def _logged(fn: Any, *args: Any) -> None:
-    """Run one control-plane write; a failure is logged (the head goes on without it)."""
-    try:
-        fn(*args)
-    except Exception:
-        log.exception("control-plane write %s failed", getattr(fn, "__name__", fn))

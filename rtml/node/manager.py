@@ -32,7 +32,13 @@ from typing import Any
 
 from rtml.config import HEARTBEAT_INTERVAL, NodeConfig, WorkerConfig
 from rtml.control_plane import ControlPlane
-from rtml.daemon import die_with_launcher, pid_alive, report_ready, run_until_stopped, setup_logging
+from rtml.daemon import (
+    ReadyPipe,
+    die_with_launcher,
+    pid_alive,
+    run_until_stopped,
+    setup_logging,
+)
 from rtml.exceptions import ProtocolError, RtmlSystemError
 from rtml.ids import random_id
 from rtml.node.leases import LeaseRouter, Reply, ToHead
@@ -119,7 +125,7 @@ class NodeManager(Service):
                                       self.sched.total, str(self.session.root)))
         self._run(self.sched.ensure_pool(0))
 
-    async def ready_when_registered(self, ready_fd: int) -> None:
+    async def ready_when_registered(self, ready: ReadyPipe) -> None:
         """Report ready once the head answered our registration, so that ``rtml.nodes()``
         lists this node by then. Raises RtmlSystemError if it does not answer."""
         try:
@@ -127,7 +133,7 @@ class NodeManager(Service):
         except TimeoutError:
             raise RtmlSystemError(f"the head at {self.cfg.head_address} did not answer this "
                                   f"node's registration within {REGISTER_TIMEOUT:g} s") from None
-        report_ready(ready_fd, f"ok {self.node_id.hex()} unix:{self.unix_path}")
+        ready.report(f"ok {self.node_id.hex()} unix:{self.unix_path}")
 
     async def _connect_head(self) -> tuple[FramedClient, m.HelloReply]:
         """Connect and register with the head, retrying a connection that fails or drops
@@ -422,7 +428,7 @@ def sweep_orphaned_segments() -> None:
             continue
 
 
-async def serve(cfg: NodeConfig, ready_fd: int, zygote: subprocess.Popen[bytes]) -> None:
+async def serve(cfg: NodeConfig, ready: ReadyPipe, zygote: subprocess.Popen[bytes]) -> None:
     nm = NodeManager(cfg, zygote)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -430,7 +436,7 @@ async def serve(cfg: NodeConfig, ready_fd: int, zygote: subprocess.Popen[bytes])
     try:
         await nm.start()
         await run_until_stopped(nm.stopped, nm.heartbeat_loop(), nm.head_loop(),
-                                nm.launcher.read_pids(), nm.ready_when_registered(ready_fd))
+                                nm.launcher.read_pids(), nm.ready_when_registered(ready))
     finally:
         await nm.shutdown()
 
@@ -438,20 +444,20 @@ async def serve(cfg: NodeConfig, ready_fd: int, zygote: subprocess.Popen[bytes])
 def run(argv: list[str], zygote: subprocess.Popen[bytes]) -> int:
     """Run a node manager (entered through :func:`rtml.node.main.main`)."""
     cfg = NodeConfig.from_json(argv[1])
-    ready_fd = int(argv[2]) if len(argv) > 2 else -1
+    ready = ReadyPipe(int(argv[2]) if len(argv) > 2 else -1)
     die_with_launcher()
     setup_logging(str(Session(Path(cfg.session_dir)).log_file("node_manager")))
     try:
-        asyncio.run(serve(cfg, ready_fd, zygote))
+        asyncio.run(serve(cfg, ready, zygote))
     except RtmlSystemError as exc:
         log.error("node manager failed: %s", exc)
         print(f"rtml node manager: {exc}", file=sys.stderr)
         with contextlib.suppress(OSError):
-            report_ready(ready_fd, f"error {exc}")
+            ready.report(f"error {exc}")
         return 1
     except Exception:
         log.exception("node manager failed")
         with contextlib.suppress(OSError):
-            report_ready(ready_fd, "error see node_manager.log")
+            ready.report("error see node_manager.log")
         return 1
     return 0

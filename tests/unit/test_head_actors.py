@@ -200,3 +200,27 @@ def test_lookups_of_unknown_actors_answer_missing() -> None:
     (answer,) = d.lookup(Caller(), m.GetActorInfo(2, b"", name="nobody"))
     assert isinstance(answer, Answer) and answer.info.state == "MISSING"
     assert not any(isinstance(c, Record) for c in d.kill(b"z" * 16, True, ""))
+
+
+def test_records_hold_the_state_of_their_own_transition() -> None:
+    d, nodes = directory()
+    actor_id = spec().actor_id
+    (created, *_) = d.create(Caller(), 0, spec(max_restarts=1), get_if_exists=False)
+    assert isinstance(created, Record)
+    assert (created.state, created.node_id) == (ActorState.PENDING, b"")  # placed after
+    d.started(actor_id, A, "unix:/w", "", "")
+    nodes.fits = B
+    (restarting, start) = d.worker_died(actor_id, "SIGKILL")
+    assert isinstance(restarting, Record) and restarting.state is ActorState.RESTARTING
+    assert restarting.node_id == A and restarting.restarts == 1  # where it died
+    assert start == StartActor(B, spec(max_restarts=1))
+
+
+def test_an_actor_killed_while_waiting_for_a_node_leaves_the_waiting_list() -> None:
+    d, nodes = directory()
+    nodes.fits = None
+    d.create(Caller(), 0, spec(), get_if_exists=False)
+    assert kinds(d.kill(spec().actor_id, no_restart=True, reason="")) == ["Record", "Answer"]
+    assert d.pending == [] and d.actors[spec().actor_id].state is ActorState.DEAD
+    nodes.fits = A
+    assert d.place_pending() == []

@@ -129,3 +129,30 @@ def test_a_client_that_leaves_or_cancels_withdraws_its_spills() -> None:
     assert to_head(r.client_gone(OWNER)) == [m.CancelLeaseRequest(first.req_id)]
     assert to_head(r.cancel(other, 1)) == [m.CancelLeaseRequest(second.req_id)]
     assert not r.spilling and to_head(r.cancel(other, 1)) == []
+
+
+def test_queued_here_and_placed_back_here_is_not_queued_twice() -> None:
+    r = router(idle_workers=1)
+    r.request(OWNER, m.RequestLease(1, ONE_CPU), other_nodes=True)
+    (spill,) = to_head(r.request(OWNER, m.RequestLease(2, ONE_CPU), other_nodes=True))
+    assert r.placed(m.LeasePlaced(spill.req_id, HERE, "h:1")) == []
+    assert [q.req_id for q in r.sched.pending] == [2]
+
+
+def test_a_request_granted_here_before_the_head_answers_keeps_that_grant() -> None:
+    r = router(idle_workers=1)
+    r.request(OWNER, m.RequestLease(1, ONE_CPU), other_nodes=True)
+    (spill,) = to_head(r.request(OWNER, m.RequestLease(2, ONE_CPU), other_nodes=True))
+    (lease_id,) = r.sched.leases
+    (grant,) = grants(r.sched.return_lease(lease_id))  # granted; the withdrawal not yet sent
+    assert grant.req_id == 2
+    assert r.placed(m.LeasePlaced(spill.req_id, THERE, "t:1")) == []  # no second lease
+    assert r.placed(m.LeasePlaced(spill.req_id, b"", "", error="gone")) == []
+
+
+def test_only_requests_no_node_can_serve_count_as_waiting_demand() -> None:
+    r = router(idle_workers=0)
+    to_head(r.request(OWNER, m.RequestLease(1, {"GPU": 1.0}), other_nodes=True))
+    assert r.waiting_shapes() == []  # the head is placing it; nothing waits here
+    r.request(OWNER, m.RequestLease(2, ONE_CPU), other_nodes=False)
+    assert r.waiting_shapes() == [ONE_CPU]
