@@ -1,4 +1,5 @@
-"""The wire: framing, the typed messages, the token handshake, and the connections that
+"""The wire: framing, the typed messages (``protocols``, one module per protocol, and
+``messages``, all of them with their codec), the token handshake, and the connections that
 carry them (``reactor``: the client runtime's threads; ``server``: the asyncio daemons'
 side; ``client``: an asyncio client of a daemon); ``protos``: the gRPC transfer service."""
 

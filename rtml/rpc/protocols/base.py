@@ -1,0 +1,106 @@
+"""What every protocol shares: the message base class, the handshake, and the values
+that travel inside messages (payloads, task arguments and returns, task and actor specs).
+
+Each message is a msgspec ``Struct`` encoded as a msgpack array whose first
+element is its integer tag, so decoding is a single C call into the right
+class. ``PROTOCOL_VERSION`` is checked in the ``Hello`` handshake; bump it
+whenever a message changes shape.
+
+Messages are plain data (bytes, numbers, strings, and lists and dicts of them), so they
+can form no reference cycle: they are kept out of the cyclic collector's sight
+(``gc=False``). A burst of calls keeps thousands alive, and tracking them made the
+driver's collections cost ~4 us per call. The sequences a task carries are tuples, not
+lists, for the same reason: a list is always tracked, and an empty tuple is shared.
+
+Every connection opens with ``Hello`` (the token) and its ``HelloReply``.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+PROTOCOL_VERSION = 3
+
+
+class Msg(msgspec.Struct, array_like=True, tag=True, omit_defaults=False, gc=False):
+    """Base of all wire messages."""
+
+
+class Hello(Msg, tag=1):
+    token: str
+    version: int
+    role: str  # "driver" | "worker" | "node" | "cli"
+    client_id: bytes
+    pid: int
+    job_id: bytes = b""
+    sys_paths: list[str] = []
+    node_id: bytes = b""  # the node the connecting process runs on
+
+
+class HelloReply(Msg, tag=2):
+    ok: bool
+    error: str = ""
+    node_id: bytes = b""
+    info: dict[str, str] = {}
+
+
+class Payload(msgspec.Struct, array_like=True, gc=False):
+    """A serialized value: pickle-5 in-band bytes plus its out-of-band buffers."""
+    data: bytes
+    buffers: tuple[bytes, ...] = ()
+    is_error: bool = False
+
+
+class TaskArg(msgspec.Struct, array_like=True, gc=False):
+    """One argument: an inline value, or an object id the worker resolves itself."""
+    value: Payload | None = None
+    object_id: bytes = b""
+    node_id: bytes = b""  # where the object's primary copy lives
+
+
+class ReturnObject(msgspec.Struct, array_like=True, gc=False):
+    object_id: bytes
+    value: Payload | None  # None: the value is in the node's shared-memory store
+    size: int = 0
+    is_error: bool = False
+
+
+class TaskSpec(msgspec.Struct, array_like=True, gc=False):
+    task_id: bytes
+    job_id: bytes
+    name: str
+    function_id: bytes  # hash of the exported function; empty for actor methods
+    args: tuple[TaskArg, ...]
+    kwarg_names: tuple[str, ...]
+    num_returns: int
+    owner_id: bytes
+    actor_id: bytes = b""
+    method: str = ""
+    attempt: int = 0
+    gpu_ids: tuple[int, ...] = ()  # the GPUs of the lease it runs on (CUDA_VISIBLE_DEVICES)
+    owner_node: bytes = b""  # large results on another node are held there for this node
+
+
+class ActorSpec(msgspec.Struct, array_like=True, gc=False):
+    actor_id: bytes
+    job_id: bytes
+    owner_id: bytes
+    class_id: bytes
+    class_name: str
+    args: tuple[TaskArg, ...]
+    kwarg_names: tuple[str, ...]
+    shape: dict[str, float]  # needed to place the actor
+    hold_shape: dict[str, float]  # held while it is alive
+    max_restarts: int = 0
+    max_task_retries: int = 0
+    max_concurrency: int = 1
+    is_async: bool = False
+    name: str = ""
+    namespace: str = ""
+    detached: bool = False
+    sys_paths: list[str] = []
+    strategy: str = ""  # as RequestLease.strategy
+
+
+Handshake = Hello | HelloReply
+"""How every connection opens."""

@@ -1,0 +1,159 @@
+"""The head protocol: node managers and clients (drivers, workers, the CLI) and the head
+service.
+
+    node manager --RegisterNode / NodeTransferReady / NodeHeartbeat--> head
+                 <--NodeTable / NodeDied / Shutdown--
+    node manager --SpillLease / CancelLeaseRequest--> <--LeasePlaced (the global scheduler)
+    node manager <--StartActor / KillActorWorker-- --ActorStarted / ActorWorkerDied-->
+    client --RegisterJob / CreateActor / GetActorInfo / KillActor / GetClusterInfo-->
+           <--ActorInfo / ClusterInfo / NodeDied / WorkerOutput (its job's prints)
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from rtml.rpc.protocols.base import ActorSpec, Msg
+
+
+class RegisterNode(Msg, tag=50):
+    node_id: bytes
+    address: str  # host:port of the node manager (TCP)
+    unix_path: str
+    resources: dict[str, float]
+    session_dir: str
+    transfer_address: str = ""  # gRPC object transfer; sent later by NodeTransferReady
+
+
+class NodeTransferReady(Msg, tag=64):
+    node_id: bytes
+    transfer_address: str
+
+
+class NodeEntry(msgspec.Struct, array_like=True, gc=False):
+    node_id: bytes
+    address: str
+    transfer_address: str
+    alive: bool
+
+
+class NodeTable(Msg, tag=65):
+    """The head's node list, sent to every node manager when it changes."""
+    nodes: list[NodeEntry]
+
+
+class NodeDied(Msg, tag=66):
+    """Sent to node managers and drivers: tasks, objects and actors there are gone."""
+    node_id: bytes
+    reason: str
+
+
+class SpillLease(Msg, tag=67):
+    """A node manager asks the global scheduler where a lease request should go."""
+    req_id: int
+    shape: dict[str, float]
+    strategy: str
+    preferred_node: bytes
+    must_move: bool  # the origin cannot ever run it (infeasible there, or pinned elsewhere)
+
+
+class LeasePlaced(Msg, tag=68):
+    """The global scheduler's answer: a node (possibly the origin itself), or an error."""
+    req_id: int
+    node_id: bytes
+    address: str
+    error: str = ""
+    infeasible: bool = False  # no node fits yet: an answer follows when one joins
+
+
+class NodeHeartbeat(Msg, tag=51):
+    node_id: bytes
+    available: dict[str, float]
+    pending_shapes: list[dict[str, float]] = []
+
+
+class RegisterJob(Msg, tag=52):
+    job_id: bytes
+    pid: int
+    namespace: str
+    cwd: str
+
+
+class CreateActor(Msg, tag=53):
+    req_id: int  # 0: no reply wanted
+    spec: ActorSpec
+    get_if_exists: bool = False
+
+
+class GetActorInfo(Msg, tag=54):
+    req_id: int
+    actor_id: bytes
+    name: str = ""
+    namespace: str = ""
+    wait_ready: bool = True
+    stale_address: str = ""  # wait for an address other than this one (a restart)
+
+
+class ActorInfo(Msg, tag=55):
+    req_id: int
+    actor_id: bytes
+    state: str  # PENDING | ALIVE | RESTARTING | DEAD | MISSING
+    address: str = ""
+    error: str = ""
+    spec: ActorSpec | None = None
+    tcp_address: str = ""
+    node_id: bytes = b""
+
+
+class KillActor(Msg, tag=56):
+    actor_id: bytes
+    no_restart: bool = True
+    reason: str = ""  # why, for its callers' ActorDiedError (default: rtml.kill())
+
+
+OUT_OF_SCOPE = "all its handles went out of scope"
+"""The reason an actor ends when its life object is freed (see rtml.core.actors)."""
+
+
+class StartActor(Msg, tag=57):
+    spec: ActorSpec
+
+
+class ActorStarted(Msg, tag=58):
+    actor_id: bytes
+    worker_id: bytes
+    address: str
+    error: str = ""
+    tcp_address: str = ""
+    node_id: bytes = b""
+
+
+class ActorWorkerDied(Msg, tag=59):
+    actor_id: bytes
+    reason: str
+
+
+class KillActorWorker(Msg, tag=60):
+    actor_id: bytes
+
+
+class GetClusterInfo(Msg, tag=61):
+    req_id: int
+
+
+class ClusterInfo(Msg, tag=62):
+    req_id: int
+    nodes: list[dict[str, object]]
+
+
+class Shutdown(Msg, tag=63):
+    pass
+
+
+Message = (
+    RegisterNode | NodeTransferReady | NodeTable | NodeDied | SpillLease | LeasePlaced |
+    NodeHeartbeat | RegisterJob | CreateActor | GetActorInfo | ActorInfo | KillActor |
+    StartActor | ActorStarted | ActorWorkerDied | KillActorWorker | GetClusterInfo |
+    ClusterInfo | Shutdown
+)
+"""Every message of this protocol."""

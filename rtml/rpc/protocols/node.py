@@ -1,0 +1,168 @@
+"""The node protocol: a client (driver or worker, or an owner on another node over TCP)
+and a node manager.
+
+    client --RequestLease--> node manager --LeaseGranted | LeaseSpillback | LeaseFailed |
+                                            LeaseInfeasible
+    client --ReturnLease / CancelLeaseRequest / WorkerBlocked / WorkerUnblocked-->
+    client --SealObject / AddHolds / ReleaseHolds / ReleaseHolder / FenceHolds-->
+           <--HoldsFenced
+    client --WaitObject--> <--ObjectAvailable      client --StoreStats--> <--StoreStatsReply
+    client --CancelTask-->                          (the node manager kills or interrupts)
+    worker --WorkerListening / ActorReady / WorkerOutput--> node manager
+    worker <--CancelRunning / BecomeActor-- node manager
+"""
+
+from __future__ import annotations
+
+from rtml.rpc.protocols.base import ActorSpec, Msg
+
+
+class RequestLease(Msg, tag=20):
+    req_id: int
+    shape: dict[str, float]
+    strategy: str = ""  # "" | "SPREAD" | "node:<hex id>" | "node:<hex id>:soft"
+    preferred_node: bytes = b""  # holds the task's large arguments
+    spilled: bool = False  # placed here by the head: grant here, never spill again
+
+
+class LeaseGranted(Msg, tag=21):
+    req_id: int
+    lease_id: int
+    worker_id: bytes
+    address: str
+    gpu_ids: tuple[int, ...] = ()
+
+
+class LeaseSpillback(Msg, tag=28):
+    """Ask the node manager at ``address`` (node ``node_id``) for this lease instead."""
+    req_id: int
+    node_id: bytes
+    address: str
+
+
+class LeaseFailed(Msg, tag=22):
+    req_id: int
+    reason: str
+
+
+class ReturnLease(Msg, tag=23):
+    lease_id: int
+
+
+class CancelLeaseRequest(Msg, tag=24):
+    req_id: int
+
+
+class LeaseInfeasible(Msg, tag=27):
+    """No node has the resources for this shape; the request stays pending."""
+    req_id: int
+    shape: dict[str, float]
+
+
+class WorkerBlocked(Msg, tag=25):
+    pass
+
+
+class WorkerUnblocked(Msg, tag=26):
+    pass
+
+
+class SealObject(Msg, tag=30):
+    object_id: bytes
+    size: int
+    holder: bytes
+    actor_id: bytes = b""  # the object is this actor's life: the actor ends when it is freed
+
+
+class AddHolds(Msg, tag=31):
+    object_ids: list[bytes]
+    holder: bytes
+    node_id: bytes = b""  # the objects' primary node, if not the receiver
+
+
+class ReleaseHolds(Msg, tag=32):
+    object_ids: list[bytes]
+    holder: bytes
+    node_id: bytes = b""
+
+
+class ReleaseHolder(Msg, tag=33):
+    holder: bytes
+
+
+class WaitObject(Msg, tag=34):
+    req_id: int
+    object_id: bytes
+    owner_id: bytes
+    node_id: bytes = b""  # where the primary copy lives (pulled from there if not here)
+
+
+class ObjectAvailable(Msg, tag=35):
+    req_id: int
+    object_id: bytes
+    error: str = ""
+
+
+class CancelTask(Msg, tag=36):
+    task_id: bytes
+    worker_id: bytes
+    force: bool
+    recursive: bool = False  # also cancel the tasks it submitted
+
+
+class StoreStats(Msg, tag=37):
+    req_id: int
+
+
+class StoreStatsReply(Msg, tag=38):
+    req_id: int
+    stats: dict[str, int]
+
+
+class FenceHolds(Msg, tag=70):
+    """Client -> its node manager: answer once the holds it forwarded to these nodes
+    are in place there (a worker asks before it sends a result that lets its owner
+    release what the worker borrowed)."""
+    req_id: int
+    node_ids: list[bytes]
+
+
+class HoldsFenced(Msg, tag=71):
+    req_id: int
+
+
+class CancelRunning(Msg, tag=40):
+    task_id: bytes
+    recursive: bool = False
+
+
+class WorkerListening(Msg, tag=41):
+    address: str  # unix socket, for owners on this node
+    tcp_address: str  # for owners on other nodes
+
+
+class WorkerOutput(Msg, tag=44):
+    """Lines a worker printed, forwarded by its node manager to the job's drivers."""
+    pid: int
+    job_id: bytes
+    text: str
+
+
+class BecomeActor(Msg, tag=42):
+    spec: ActorSpec
+    gpu_ids: tuple[int, ...] = ()
+
+
+class ActorReady(Msg, tag=43):
+    actor_id: bytes
+    error: str = ""  # the constructor's error, with its traceback
+
+
+Message = (
+    RequestLease | LeaseGranted | LeaseSpillback | LeaseFailed | ReturnLease |
+    CancelLeaseRequest | LeaseInfeasible | WorkerBlocked | WorkerUnblocked | SealObject |
+    AddHolds | ReleaseHolds | ReleaseHolder | WaitObject | ObjectAvailable | CancelTask |
+    StoreStats | StoreStatsReply | FenceHolds | HoldsFenced | CancelRunning |
+    WorkerListening | WorkerOutput | BecomeActor | ActorReady
+)
+"""Every message of this protocol."""

@@ -1,0 +1,29 @@
+"""The task protocol: an owner (driver or worker) and the worker it leased.
+
+    owner --PushTask(spec)--> worker (runs it: a task, or an actor method)
+    owner <--TaskResult------ worker (small returns inline, large ones in shared memory)
+"""
+
+from __future__ import annotations
+
+from rtml.rpc.protocols.base import Msg, ReturnObject, TaskSpec
+
+
+class PushTask(Msg, tag=10):
+    spec: TaskSpec
+
+
+class TaskResult(Msg, tag=11):
+    task_id: bytes
+    returns: tuple[ReturnObject, ...]
+    start_ts: float
+    end_ts: float
+    worker_pid: int
+    node_id: bytes
+    cancelled: bool = False
+
+
+Message = (
+    PushTask | TaskResult
+)
+"""Every message of this protocol."""
