@@ -22,8 +22,7 @@ from rtml.control_plane import RedisProcess, start_redis
 from rtml.exceptions import ProtocolError, RtmlSystemError
 from rtml.ids import random_id
 from rtml.rpc import messages as m
-from rtml.rpc.framing import FrameDecoder, frame
-from rtml.rpc.reactor import connect_socket, handshake, make_hello
+from rtml.rpc.client import make_hello, request
 from rtml.session import Session
 
 START_TIMEOUT = 30.0
@@ -213,25 +212,13 @@ def find_local_node(head_address: str, token: str, node_id: str = "") -> tuple[s
 def cluster_nodes(head_address: str, token: str, timeout: float = 10.0) -> list[dict[str, Any]]:
     """The head's node table. Raises ConnectionError naming the address."""
     try:
-        sock = connect_socket(head_address, timeout)
+        reply = request(head_address, make_hello(token, "cli", random_id()),
+                        m.GetClusterInfo(1), m.ClusterInfo, timeout)
+    except ProtocolError as exc:
+        raise ConnectionError(f"the head at {head_address} refused us: {exc}") from None
     except OSError as exc:
         raise ConnectionError(f"cannot reach the head at {head_address}: {exc}") from None
-    try:
-        handshake(sock, make_hello(token, "cli", random_id()))
-        sock.sendall(frame(m.encode(m.GetClusterInfo(1))))
-        decoder = FrameDecoder()
-        while True:
-            data = sock.recv(1 << 16)
-            if not data:
-                raise ConnectionError(f"the head at {head_address} closed the connection")
-            for payload in decoder.feed(data):
-                reply = m.decode(payload)
-                if isinstance(reply, m.ClusterInfo):
-                    return [dict(node) for node in reply.nodes]
-    except (OSError, ProtocolError) as exc:
-        raise ConnectionError(f"the head at {head_address} refused us: {exc}") from None
-    finally:
-        sock.close()
+    return [dict(node) for node in reply.nodes]
 
 
 def is_local_ip(host: str) -> bool:

@@ -32,8 +32,7 @@ from rtml.config import NodeConfig, default_object_store_memory, parse_resources
 from rtml.daemon import pid_alive
 from rtml.exceptions import ProtocolError, RtmlSystemError
 from rtml.ids import random_id
-from rtml.rpc.client import FramedClient
-from rtml.rpc.reactor import make_hello
+from rtml.rpc.client import FramedClient, make_hello
 from rtml.session import Session, default_session_dir, new_token
 
 STOP_TIMEOUT = 5.0

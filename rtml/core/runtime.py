@@ -53,13 +53,13 @@ from rtml.exceptions import (
 )
 from rtml.ids import new_task_id, object_id_for, random_id
 from rtml.rpc import messages as m
+from rtml.rpc.client import make_hello
 from rtml.rpc.reactor import (
     CloseHandler,
     Connection,
     Flag,
     Handler,
     Reactor,
-    make_hello,
     open_connection,
 )
 

@@ -46,8 +46,7 @@ from rtml.node.links import NodeLinks
 from rtml.node.objects import ObjectManager
 from rtml.node.workers import WorkerLauncher, WorkerProc
 from rtml.rpc import messages as m
-from rtml.rpc.client import FramedClient
-from rtml.rpc.reactor import make_hello
+from rtml.rpc.client import FramedClient, make_hello
 from rtml.rpc.server import Peer, Service, protocol_factory
 from rtml.scheduler.local import Grant, LocalScheduler, StartActor, StartWorker, StopWorker
 from rtml.session import Session

@@ -1,4 +1,5 @@
-"""The authentication rule every listening socket applies to its first frame.
+"""The authentication rule every listening socket applies to its first frame, and the
+one every connecting side applies to the answer.
 
 Nothing a peer sends is acted on (and nothing is ever unpickled) until its
 first frame is a ``Hello`` carrying the cluster token and our protocol version.
@@ -11,6 +12,9 @@ import hmac
 from rtml.exceptions import ProtocolError
 from rtml.rpc import messages as m
 
+HELLO_MAX_FRAME = 1 << 20
+"""The largest first frame (each way) read before the peer is known."""
+
 
 def check_hello(msg: object, token: str) -> m.Hello:
     """Return ``msg`` if it is a valid Hello for ``token``; else raise ProtocolError."""
@@ -22,4 +26,13 @@ def check_hello(msg: object, token: str) -> m.Hello:
         raise ProtocolError(
             f"protocol version {msg.version} is not supported (this node speaks "
             f"{m.PROTOCOL_VERSION}); run the same rtml version on every node")
+    return msg
+
+
+def check_reply(msg: object) -> m.HelloReply:
+    """Return ``msg`` if it is a HelloReply that admits us; else raise ProtocolError."""
+    if not isinstance(msg, m.HelloReply):
+        raise ProtocolError(f"expected HelloReply, got {type(msg).__name__}")
+    if not msg.ok:
+        raise ProtocolError(f"handshake refused: {msg.error}")
     return msg

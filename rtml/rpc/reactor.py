@@ -33,7 +33,6 @@ import errno
 import heapq
 import itertools
 import logging
-import os
 import select
 import socket
 import threading
@@ -46,6 +45,7 @@ import msgspec
 
 from rtml.exceptions import ProtocolError, RtmlSystemError
 from rtml.rpc import messages as m
+from rtml.rpc.client import connect_socket, handshake
 from rtml.rpc.framing import FrameDecoder, frame
 
 log = logging.getLogger(__name__)
@@ -64,43 +64,6 @@ SPIN = 100e-6
 """Seconds a waiter that asks to spin polls the loop without blocking before it sleeps:
 for a single result, due within tens of microseconds, waking from a sleep costs more
 (the wake-up itself, and the caches the idle CPU lost) than polling until it lands."""
-
-
-def connect_socket(address: str, timeout: float = 10.0) -> socket.socket:
-    """Open a stream socket to ``unix:/path`` or ``host:port``. Raises OSError."""
-    if address.startswith("unix:"):
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        target: Any = address[5:]
-    else:
-        host, _, port = address.rpartition(":")
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        target = (host, int(port))
-    sock.settimeout(timeout)
-    try:
-        sock.connect(target)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-def handshake(sock: socket.socket, hello: m.Hello) -> m.HelloReply:
-    """Send ``hello`` and read the reply on a blocking socket. Raises ProtocolError."""
-    sock.sendall(frame(m.encode(hello)))
-    decoder = FrameDecoder(max_frame=1 << 20)
-    while True:
-        data = sock.recv(65536)
-        if not data:
-            raise ProtocolError("peer closed the connection during the handshake")
-        frames = decoder.feed(data)
-        if frames:
-            reply = m.decode(frames[0])
-            if not isinstance(reply, m.HelloReply):
-                raise ProtocolError(f"expected HelloReply, got {type(reply).__name__}")
-            if not reply.ok:
-                raise ProtocolError(f"handshake refused: {reply.error}")
-            return reply
 
 
 class Connection:
@@ -712,9 +675,3 @@ def open_connection(reactor: Reactor, address: str, hello: m.Hello, handler: Han
     conn = Connection(reactor, sock, handler, on_close, name=address, batched=batched)
     reactor.add(conn)
     return conn, reply
-
-
-def make_hello(token: str, role: str, client_id: bytes, job_id: bytes = b"",
-               sys_paths: list[str] | None = None, node_id: bytes = b"") -> m.Hello:
-    return m.Hello(token=token, version=m.PROTOCOL_VERSION, role=role, client_id=client_id,
-                   pid=os.getpid(), job_id=job_id, sys_paths=sys_paths or [], node_id=node_id)

@@ -18,8 +18,8 @@ import msgspec
 
 from rtml.exceptions import ProtocolError
 from rtml.rpc import messages as m
-from rtml.rpc.auth import check_hello
-from rtml.rpc.framing import FrameDecoder, frame
+from rtml.rpc.auth import HELLO_MAX_FRAME, check_hello
+from rtml.rpc.framing import MAX_FRAME, FrameDecoder, frame
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
 
     def __init__(self, service: Service) -> None:
         self.service = service
-        self.decoder = FrameDecoder(max_frame=1 << 20)
+        self.decoder = FrameDecoder(max_frame=HELLO_MAX_FRAME)
         self.peer: Peer | None = None
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -109,7 +109,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
         hello = check_hello(msg, self.service.token)
         reply = self.service.on_hello(peer, hello)
         peer.hello = hello
-        self.decoder.max_frame = 512 * 1024 * 1024
+        self.decoder.max_frame = MAX_FRAME
         peer.send(reply)
         if not reply.ok:
             peer.close()

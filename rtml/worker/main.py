@@ -25,7 +25,7 @@ from rtml.core import context
 from rtml.core.runtime import ClientConfig, ClientRuntime
 from rtml.exceptions import ProtocolError
 from rtml.rpc import messages as m
-from rtml.rpc.auth import check_hello
+from rtml.rpc.auth import HELLO_MAX_FRAME, check_hello
 from rtml.rpc.framing import frame
 from rtml.rpc.reactor import Connection, Reactor
 from rtml.session import Session
@@ -33,8 +33,6 @@ from rtml.worker.executor import Executor
 from rtml.worker.output import OutputTee
 
 log = logging.getLogger(__name__)
-
-HELLO_MAX_FRAME = 1 << 20
 
 
 class TaskServer:

@@ -17,7 +17,7 @@ from rtml import cluster as cluster_mod
 from rtml.config import NodeConfig
 from rtml.exceptions import ObjectLostError, RtmlSystemError
 from rtml.rpc import messages as m
-from rtml.rpc.reactor import connect_socket, handshake, make_hello
+from rtml.rpc.client import connect_socket, handshake, make_hello
 from rtml.session import Session, fresh_session_dir
 from rtml.testing import Cluster, ClusterNode
 

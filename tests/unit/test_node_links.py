@@ -7,8 +7,8 @@ import socket
 
 from rtml.node.links import NodeLinks
 from rtml.rpc import messages as m
+from rtml.rpc.client import make_hello
 from rtml.rpc.framing import FrameDecoder, frame
-from rtml.rpc.reactor import make_hello
 
 NODE = b"n" * 16
 
