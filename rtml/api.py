@@ -326,7 +326,7 @@ def nodes() -> list[dict[str, Any]]:
     """Every node: NodeID, Alive, NodeManagerAddress, Resources."""
     rt = context.require_runtime()
     info: m.ClusterInfo = rt.request(rt.head, lambda req_id: m.GetClusterInfo(req_id))
-    return [dict(n) for n in info.nodes]
+    return [n.as_ray() for n in info.nodes]
 
 
 def cluster_resources() -> dict[str, float]:

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from rtml.config import DIE_WITH_PARENT_ENV, TOKEN_ENV, HeadConfig, NodeConfig
 from rtml.control_plane import RedisProcess, start_redis
@@ -199,17 +198,16 @@ def find_local_node(head_address: str, token: str, node_id: str = "") -> tuple[s
 
     Raises ConnectionError saying what to do when there is none.
     """
-    nodes = cluster_nodes(head_address, token)
-    for node in nodes:
-        host = str(node["NodeManagerAddress"]).rpartition(":")[0]
-        if node["Alive"] and (node["NodeID"] == node_id if node_id else is_local_ip(host)):
-            return str(node["NodeManagerAddress"]), str(node.get("SessionDir", ""))
+    for node in cluster_nodes(head_address, token):
+        host = node.address.rpartition(":")[0]
+        if node.alive and (node.node_id.hex() == node_id if node_id else is_local_ip(host)):
+            return node.address, node.session_dir
     which = f"node {node_id}" if node_id else "a node on this machine"
     raise ConnectionError(f"the cluster at {head_address} has no alive {which}; start one "
                           f"here with `rtml start --address {head_address}`")
 
 
-def cluster_nodes(head_address: str, token: str, timeout: float = 10.0) -> list[dict[str, Any]]:
+def cluster_nodes(head_address: str, token: str, timeout: float = 10.0) -> list[m.NodeInfo]:
     """The head's node table. Raises ConnectionError naming the address."""
     try:
         reply = request(head_address, make_hello(token, "cli", random_id()),
@@ -218,7 +216,7 @@ def cluster_nodes(head_address: str, token: str, timeout: float = 10.0) -> list[
         raise ConnectionError(f"the head at {head_address} refused us: {exc}") from None
     except OSError as exc:
         raise ConnectionError(f"cannot reach the head at {head_address}: {exc}") from None
-    return [dict(node) for node in reply.nodes]
+    return reply.nodes
 
 
 def is_local_ip(host: str) -> bool:

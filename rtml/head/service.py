@@ -220,12 +220,9 @@ class HeadService(Service):
                 driver.send(msg)
 
     def _cluster_info(self, peer: Peer, msg: m.GetClusterInfo) -> None:
-        nodes: list[dict[str, object]] = [
-            {"NodeID": n.view.node_id.hex(), "Alive": n.alive,
-             "NodeManagerAddress": n.view.address, "Resources": n.view.total,
-             "Available": n.view.available, "SessionDir": n.session_dir}
-            for n in self.nodes.values()]
-        peer.send(m.ClusterInfo(msg.req_id, nodes))
+        peer.send(m.ClusterInfo(msg.req_id, [
+            m.NodeInfo(n.view.node_id, n.alive, n.view.address, n.view.total,
+                       n.view.available, n.session_dir) for n in self.nodes.values()]))
 
     # -- actors ------------------------------------------------------------------------------
 

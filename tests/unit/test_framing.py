@@ -129,7 +129,7 @@ SAMPLES = [
                               namespace="ns", detached=True), (2,)),
     m.ActorInfo(4, b"a" * 16, "ALIVE", "unix:/x", "", None),
     m.KillActor(b"a" * 16, no_restart=False),
-    m.ClusterInfo(9, [{"NodeID": "ab", "Alive": True}]),
+    m.ClusterInfo(9, [m.NodeInfo(b"n" * 16, True, "10.0.0.2:7000", {"CPU": 2.0}, {"CPU": 1.0}, "/tmp/s")]),
     m.Shutdown(),
 ]
 

@@ -141,9 +141,26 @@ class GetClusterInfo(Msg, tag=61):
     req_id: int
 
 
+class NodeInfo(msgspec.Struct, array_like=True, gc=False):
+    """One node as the head knows it."""
+
+    node_id: bytes
+    alive: bool
+    address: str  # its node manager's host:port
+    resources: dict[str, float]
+    available: dict[str, float]
+    session_dir: str
+
+    def as_ray(self) -> dict[str, object]:
+        """In ``rtml.nodes()``'s (Ray's) field names."""
+        return {"NodeID": self.node_id.hex(), "Alive": self.alive,
+                "NodeManagerAddress": self.address, "Resources": dict(self.resources),
+                "Available": dict(self.available), "SessionDir": self.session_dir}
+
+
 class ClusterInfo(Msg, tag=62):
     req_id: int
-    nodes: list[dict[str, object]]
+    nodes: list[NodeInfo]
 
 
 class Shutdown(Msg, tag=63):
