@@ -334,10 +334,9 @@ class ActorCaller:
 
     def _resolve(self) -> None:
         self.resolving = True
-        req_id = self.rt.next_request_id()
-        self.rt._replies[req_id] = self._on_info
-        self.rt.head.send(m.GetActorInfo(req_id, self.actor_id, wait_ready=True,
-                                         stale_address=self.last_address))
+        actor_id, stale = self.actor_id, self.last_address
+        self.rt.ask(self.rt.head, lambda req_id: m.GetActorInfo(
+            req_id, actor_id, wait_ready=True, stale_address=stale), self._on_info)
 
     def _on_info(self, info: m.ActorInfo) -> None:
         if info.state == "ALIVE":
@@ -456,6 +455,4 @@ class ActorLives:
         actor_id = self.actors.pop(object_id, None)
         if actor_id is not None and not promoted:
             self.rt.head.send(m.KillActor(actor_id, no_restart=True, reason=m.OUT_OF_SCOPE))
-            caller = self.rt.owner.actor_callers.get(actor_id)
-            if caller is not None:
-                caller.ended(m.OUT_OF_SCOPE)
+            self.rt.owner.actor_ended(actor_id, m.OUT_OF_SCOPE)

@@ -46,7 +46,7 @@ class TaskOwner:
     def __init__(self, runtime: ClientRuntime) -> None:
         self.rt = runtime
         self.tasks: dict[bytes, TaskRecord] = {}  # by task id, from submit until settled
-        self.actor_callers: dict[bytes, Any] = {}
+        self._callers: dict[bytes, ActorCaller] = {}  # this process's, by actor id
         self.lives = ActorLives(runtime)
         self._unsettled: deque[list[_Outcome]] = deque()  # done, bookkeeping not yet run
 
@@ -236,11 +236,22 @@ class TaskOwner:
 
     def caller(self, actor_id: bytes, max_task_retries: int) -> ActorCaller:
         """This process's channel to ``actor_id`` (made on first use)."""
-        caller = self.actor_callers.get(actor_id)
+        caller = self._callers.get(actor_id)
         if caller is None:
-            caller = self.actor_callers[actor_id] = ActorCaller(self.rt, actor_id,
+            caller = self._callers[actor_id] = ActorCaller(self.rt, actor_id,
                                                                 max_task_retries)
         return caller
+
+    def callers(self) -> list[ActorCaller]:
+        """This process's actor callers (a copy: they may be added meanwhile)."""
+        return list(self._callers.values())
+
+    def actor_ended(self, actor_id: bytes, why: str) -> None:
+        """Actor ``actor_id`` is DEAD for good: our calls to it fail with ``why`` (under
+        the runtime lock)."""
+        caller = self._callers.get(actor_id)
+        if caller is not None:
+            caller.ended(why)
 
     def cancel(self, ref: ObjectRef, force: bool, recursive: bool = False) -> None:
         """Cancel the task producing ``ref``; its getters then raise TaskCancelledError."""

@@ -147,7 +147,7 @@ class ClientRuntime:
         self.closed = True
         self.owner.settle()  # the outcome records of the last results
         object_ref.set_counter(None)
-        for caller in list(self.owner.actor_callers.values()):
+        for caller in self.owner.callers():
             caller.shutdown()
         self.submitter.shutdown()
         for conn in self.remote_nms.values():
@@ -235,6 +235,18 @@ class ClientRuntime:
             raise GetTimeoutError(f"no reply from {conn.name} within {timeout} s")
         return box[0]
 
+    def ask(self, conn: Connection, make: Callable[[int], m.Msg],
+            on_reply: Callable[[Any], None]) -> int:
+        """Send a request built with a fresh req_id without waiting: ``on_reply`` gets its
+        answer on the I/O thread. Returns the req_id, for :meth:`forget_reply`."""
+        req_id = self.next_request_id()
+        self._replies[req_id] = on_reply
+        conn.send(make(req_id))
+        return req_id
+
+    def forget_reply(self, req_id: int) -> None:
+        self._replies.pop(req_id, None)
+
     def _deliver_reply(self, req_id: int, msg: Any) -> None:
         callback = self._replies.pop(req_id, None)
         if callback is not None:
@@ -265,7 +277,7 @@ class ClientRuntime:
             conn.on_close = None
             conn.close("its node died")
         self.submitter.node_died(node_id)
-        for caller in list(self.owner.actor_callers.values()):
+        for caller in self.owner.callers():
             caller.node_died(node_id)
 
     def _warn_infeasible(self, shape: dict[str, float]) -> None:
@@ -293,9 +305,7 @@ class ClientRuntime:
     def _on_head_message(self, conn: Connection, msg: Any) -> None:
         if isinstance(msg, m.ActorInfo) and not msg.req_id:  # an actor we created is DEAD
             with self.lock:
-                caller = self.owner.actor_callers.get(msg.actor_id)
-                if caller is not None:
-                    caller.ended(msg.error or "the actor is DEAD")
+                self.owner.actor_ended(msg.actor_id, msg.error or "the actor is DEAD")
         elif isinstance(msg, (m.ActorInfo, m.ClusterInfo)):
             self._deliver_reply(msg.req_id, msg)
         elif isinstance(msg, m.WorkerOutput):
@@ -612,14 +622,10 @@ class ClientRuntime:
     def _await_here(self, object_id: bytes, owner: bytes,
                     callback: Callable[[bytes], Any]) -> Callable[[], None]:
         """Ask the node manager to make the object present here (pulling it if need be)."""
-        req_id = self.next_request_id()
-        self._replies[req_id] = lambda msg: callback(object_id)
-        self.nm.send(m.WaitObject(req_id, object_id, owner,
-                                  self.refs.locations.get(object_id, b"")))
-        return lambda: self._forget_reply(req_id)
-
-    def _forget_reply(self, req_id: int) -> None:
-        self._replies.pop(req_id, None)
+        node_id = self.refs.locations.get(object_id, b"")
+        req_id = self.ask(self.nm, lambda rid: m.WaitObject(rid, object_id, owner, node_id),
+                          lambda msg: callback(object_id))
+        return lambda: self.forget_reply(req_id)
 
     def future(self, ref: ObjectRef) -> concurrent.futures.Future[Any]:
         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
