@@ -8,10 +8,12 @@ import ctypes
 import logging
 import os
 import signal
+import sys
 from collections.abc import Coroutine
 from typing import Any
 
 from rtml.config import DIE_WITH_PARENT_ENV
+from rtml.exceptions import RtmlSystemError
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +74,32 @@ class ReadyPipe:
                 os.write(fd, (text + "\n").encode())
             finally:
                 os.close(fd)
+
+
+def run_daemon(name: str, log_name: str, ready: ReadyPipe,
+               serve: Coroutine[Any, Any, None]) -> int:
+    """Run a daemon's ``serve`` to its end: 0, or 1 when it failed, with the failure in
+    its log (``log_name``) and on the ready pipe if it had not reported yet. A
+    ``RtmlSystemError`` (one the user can fix: an address, a token) is also printed."""
+    try:
+        asyncio.run(serve)
+    except RtmlSystemError as exc:
+        log.error("%s failed: %s", name, exc)
+        print(f"rtml {name}: {exc}", file=sys.stderr)
+        _report_failure(ready, f"error {exc}")
+        return 1
+    except Exception:
+        log.exception("%s failed", name)
+        _report_failure(ready, f"error see {log_name}.log")
+        return 1
+    return 0
+
+
+def _report_failure(ready: ReadyPipe, text: str) -> None:
+    try:
+        ready.report(text)
+    except OSError:  # the launcher is gone: nobody to tell
+        pass
 
 
 class _Stopped(Exception):

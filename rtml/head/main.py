@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -19,7 +18,13 @@ import sys
 from pathlib import Path
 
 from rtml.config import HEARTBEAT_INTERVAL, HeadConfig
-from rtml.daemon import ReadyPipe, die_with_launcher, run_until_stopped, setup_logging
+from rtml.daemon import (
+    ReadyPipe,
+    die_with_launcher,
+    run_daemon,
+    run_until_stopped,
+    setup_logging,
+)
 from rtml.head.service import HeadService
 from rtml.rpc import messages as m
 from rtml.rpc.server import protocol_factory
@@ -67,14 +72,7 @@ def main(argv: list[str]) -> int:
     ready = ReadyPipe(int(argv[2]) if len(argv) > 2 else -1)
     die_with_launcher()
     setup_logging(str(Session(Path(cfg.session_dir)).log_file("head")))
-    try:
-        asyncio.run(serve(cfg, ready))
-    except Exception:
-        log.exception("head service failed")
-        with contextlib.suppress(OSError):
-            ready.report("error see head.log")
-        return 1
-    return 0
+    return run_daemon("head service", "head", ready, serve(cfg, ready))
 
 
 if __name__ == "__main__":

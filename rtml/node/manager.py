@@ -24,7 +24,6 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +35,7 @@ from rtml.daemon import (
     ReadyPipe,
     die_with_launcher,
     pid_alive,
+    run_daemon,
     run_until_stopped,
     setup_logging,
 )
@@ -446,17 +446,4 @@ def run(argv: list[str], zygote: subprocess.Popen[bytes]) -> int:
     ready = ReadyPipe(int(argv[2]) if len(argv) > 2 else -1)
     die_with_launcher()
     setup_logging(str(Session(Path(cfg.session_dir)).log_file("node_manager")))
-    try:
-        asyncio.run(serve(cfg, ready, zygote))
-    except RtmlSystemError as exc:
-        log.error("node manager failed: %s", exc)
-        print(f"rtml node manager: {exc}", file=sys.stderr)
-        with contextlib.suppress(OSError):
-            ready.report(f"error {exc}")
-        return 1
-    except Exception:
-        log.exception("node manager failed")
-        with contextlib.suppress(OSError):
-            ready.report("error see node_manager.log")
-        return 1
-    return 0
+    return run_daemon("node manager", "node_manager", ready, serve(cfg, ready, zygote))

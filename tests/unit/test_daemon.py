@@ -98,3 +98,26 @@ def test_die_with_parent_also_when_the_parent_is_already_gone(parent: str) -> No
         assert (result.returncode, result.stdout) == (0, "alive\n")
     else:
         assert (result.returncode, result.stdout) == (-9, "")
+
+
+def test_a_daemon_that_fails_says_why_on_its_ready_pipe_and_exits_1(capsys) -> None:
+    from rtml.daemon import run_daemon
+    from rtml.exceptions import RtmlSystemError
+
+    async def unreachable() -> None:
+        raise RtmlSystemError("cannot reach the head at 10.0.0.9:6380")
+
+    async def broken() -> None:
+        raise KeyError("bug")
+
+    async def fine() -> None:
+        pass
+
+    for serve, line in ((unreachable, b"error cannot reach the head at 10.0.0.9:6380\n"),
+                        (broken, b"error see node_manager.log\n")):
+        read_fd, write_fd = os.pipe()
+        assert run_daemon("node manager", "node_manager", ReadyPipe(write_fd), serve()) == 1
+        assert os.read(read_fd, 200) == line
+        os.close(read_fd)
+    assert "rtml node manager: cannot reach the head" in capsys.readouterr().err
+    assert run_daemon("head service", "head", ReadyPipe(-1), fine()) == 0
