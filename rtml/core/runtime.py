@@ -110,6 +110,7 @@ class ClientRuntime:
         self._exported: set[bytes] = set()
         self.functions: dict[bytes, Any] = {}
         self.on_worker_message = on_worker_message
+        self._lends_cpu = config.role == "worker"
         self._blocked = 0  # a worker's tasks waiting in get/wait: its CPU is lent back
         self._blocked_lock = threading.Lock()
         self.current_task_name = "driver"
@@ -400,10 +401,10 @@ class ClientRuntime:
     def _wait_owned(self, refs: list[ObjectRef], deadline: float | None) -> None:
         """Block until the refs among ``refs`` that we own and are still being made have
         their values."""
-        me, entries, making = self.client_id, self.store.entries, self.owner.making
-        with self.lock:
+        me, entries, owner = self.client_id, self.store.entries, self.owner
+        with self.lock:  # owner.making on a typed local: a native call, no bound method
             missing = [r.id for r in refs if r.owner == me and r.id not in entries
-                       and making(r.id)]
+                       and owner.making(r.id)]
             if not missing:
                 return
             done = Flag()
@@ -424,7 +425,7 @@ class ClientRuntime:
         """Wait for ``done``; ``spin``: one task's result, due soon (see Reactor.SPIN)."""
         if done.is_set():
             return
-        lend = self.role == "worker"
+        lend = self._lends_cpu
         if lend:
             self.lend_cpu(True)
         try:
@@ -592,7 +593,7 @@ class ClientRuntime:
             cancel_waits = self.on_ready(rest, arrived, fetch_local,
                                          making=() if timeout == 0 else making)
         blocked = not enough.is_set() and timeout != 0
-        lend = blocked and self.role == "worker"
+        lend = blocked and self._lends_cpu
         if lend:
             self.lend_cpu(True)  # inside a task: lend the CPU back while waiting
         try:
