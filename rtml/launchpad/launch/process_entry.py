@@ -16,7 +16,7 @@ from rtml.launchpad.controller import RemoteController
 from rtml.launchpad.launch.runner import run_node
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     payload = cloudpickle.loads(sys.stdin.buffer.read())
@@ -30,4 +30,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv))
