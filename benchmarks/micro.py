@@ -5,7 +5,7 @@
 Starts an embedded cluster with ``rtml.init(num_cpus=2)`` unless ``--address``
 is given, and prints one row per metric: median / p90 / p99 in microseconds
 (latency rows), a rate (throughput rows) or megabytes (the memory row), with the
-budget from shared/DESIGN.md and pass/miss where a budget exists. Row names follow
+budget from docs/DESIGN.md and pass/miss where a budget exists. Row names follow
 Ray's ``ray microbenchmark`` where one matches. ``--json FILE`` writes the rows as
 a list of dicts.
 
@@ -68,7 +68,7 @@ ROW_NAMES = [INIT_FRESH, IDLE_RSS, TASKS_SYNC, TASKS_ASYNC, MULTI_TASKS_ASYNC, T
              PUT_GET_SMALL, PUT_CALLS, GET_CALLS, GET_10K_REFS, WAIT_1K_REFS, PUT_GB, GET_BIG,
              COPY_BIG, TASK_BIG_ARG, REMOTE_NODE, TRANSFER]
 
-# Budgets from shared/DESIGN.md ("Budgets on this machine"), applied to rtml only.
+# Budgets from docs/DESIGN.md ("Budgets on this machine"), applied to rtml only.
 #   latency budgets: max median in µs; throughput budgets: min rate; memory: max MB.
 LATENCY_BUDGET_US = {
     TASKS_SYNC: 150.0,
