@@ -391,24 +391,32 @@ class ClientRuntime:
     def get(self, refs: list[ObjectRef], timeout: float | None) -> list[Any]:
         """Values of ``refs`` in order. Raises the stored error, or GetTimeoutError."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        self._wait_owned(refs, deadline)
+        failed = self._wait_owned(refs, deadline)
+        if failed is not None:  # fail fast, as Ray: one failed while others still run
+            self._value(failed, deadline)  # raises its error
         borrows = self.refs.borrows
         values = [self._value(r, deadline) for r in refs]
         if self.refs.borrows != borrows:  # refs found inside the values: hold them now, in
             self.refs.process_refops()  # one batch (other changes wait for the next drain)
         return values
 
-    def _wait_owned(self, refs: list[ObjectRef], deadline: float | None) -> None:
+    def _wait_owned(self, refs: list[ObjectRef], deadline: float | None) -> ObjectRef | None:
         """Block until the refs among ``refs`` that we own and are still being made have
-        their values."""
+        their values, or (several refs) until one of them failed: that one is returned."""
         me, entries, owner = self.client_id, self.store.entries, self.owner
+        many = len(refs) > 1
         with self.lock:  # owner.making on a typed local: a native call, no bound method
             missing = [r.id for r in refs if r.owner == me and r.id not in entries
                        and owner.making(r.id)]
             if not missing:
-                return
+                return None
+            if many:
+                failed = self._first_failed(refs)
+                if failed is not None:
+                    return failed
             done = Flag()
-            arrived = done.set if len(missing) == 1 else _countdown(len(missing), done)
+            arrived = done.set if len(missing) == 1 else _countdown(len(missing), done,
+                                                                    self._is_failed)
             for object_id in missing:
                 self.store.add_waiter(object_id, arrived)
         try:
@@ -419,6 +427,24 @@ class ClientRuntime:
                 for object_id in missing:
                     self.store.remove_waiter(object_id, arrived)
             raise
+        if not many:
+            return None
+        with self.lock:  # woken by a failure, or everything arrived (then this finds none)
+            for object_id in missing:
+                self.store.remove_waiter(object_id, arrived)
+            return self._first_failed(refs)
+
+    def _is_failed(self, object_id: bytes) -> bool:
+        """Whether ``object_id``'s value here is an error (called without the lock: one
+        dict read, after the value was stored)."""
+        entry = self.store.entries.get(object_id)
+        return isinstance(entry, m.Payload) and entry.is_error
+
+    def _first_failed(self, refs: list[ObjectRef]) -> ObjectRef | None:
+        for ref in refs:
+            if self._is_failed(ref.id):
+                return ref
+        return None
 
     def _block(self, done: Flag, deadline: float | None, ids: list[bytes],
                spin: bool = False) -> None:
@@ -655,13 +681,15 @@ class ClientRuntime:
 _READY, _MAKING, _ABSENT = range(3)  # what ClientRuntime._state says of a ref
 
 
-def _countdown(count: int, done: Flag) -> Callable[[bytes], None]:
-    """A waiter callback that sets ``done`` on its ``count``-th call, from any thread
-    (``next`` on a counter is one C call: no arrival is lost between a read and a write)."""
+def _countdown(count: int, done: Flag,
+               failed: Callable[[bytes], bool]) -> Callable[[bytes], None]:
+    """A waiter callback that sets ``done`` on its ``count``-th call, or on a call for an
+    object that ``failed``, from any thread (``next`` on a counter is one C call: no
+    arrival is lost between a read and a write)."""
     arrivals = itertools.count(1)
 
-    def arrived(_: bytes) -> None:
-        if next(arrivals) == count:
+    def arrived(object_id: bytes) -> None:
+        if next(arrivals) == count or failed(object_id):
             done.set()
     return arrived
 

@@ -77,6 +77,42 @@ def three_values() -> tuple[int, int, int]:
     return 1, 2, 3
 
 
+@rtml.remote
+def sleep_then(seconds: float, value: int) -> int:
+    time.sleep(seconds)
+    return value
+
+
+# -- get of several refs fails fast (as Ray) -----------------------------------------------------
+
+
+def test_get_of_a_list_raises_the_first_failure_without_waiting_for_earlier_refs() -> None:
+    slow = sleep_then.remote(60, 1)
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="fails at once"):
+        rtml.get([slow, raise_value_error.remote("fails at once"), plus_one.remote(1)],
+                 timeout=120)
+    assert time.monotonic() - started < 30  # not behind the 60 s task
+    rtml.cancel(slow, force=True)
+
+
+def test_get_of_a_list_raises_a_failure_that_was_already_there() -> None:
+    failed = raise_value_error.remote("already failed")
+    with pytest.raises(ValueError):
+        rtml.get(failed, timeout=60)
+    slow = sleep_then.remote(60, 1)
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="already failed"):
+        rtml.get([slow, failed], timeout=120)
+    assert time.monotonic() - started < 30
+    rtml.cancel(slow, force=True)
+
+
+def test_get_of_a_list_without_failures_returns_every_value_in_order() -> None:
+    refs = [sleep_then.remote(0.2 * (3 - i), i) for i in range(3)] + [plus_one.remote(9)]
+    assert rtml.get(refs, timeout=60) == [0, 1, 2, 10]
+
+
 # -- TaskError ----------------------------------------------------------------------------------
 
 def test_task_error_is_instance_of_user_exception() -> None:
