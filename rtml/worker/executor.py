@@ -67,6 +67,7 @@ class Executor:
         self.current_job = b""  # whose task last ran here: its drivers get our output
         self.cancelled: set[bytes] = set()
         self.instance: Any = None
+        self.methods: dict[str, Any] = {}  # the actor's methods, bound on first call
         self.actor: m.ActorSpec | None = None
         self.actor_id = b""  # this worker's actor, once constructed
         self.push = self._run_and_reply
@@ -175,7 +176,7 @@ class Executor:
         if spec.actor_id:
             if spec.actor_id != self.actor_id:
                 raise RtmlError(f"this worker is not actor {spec.actor_id.hex()}")
-            function = getattr(self.instance, spec.method)
+            function = self.methods.get(spec.method) or self._method(spec.method)
         else:
             function = self.function(spec.function_id)
         if not spec.args:
@@ -183,6 +184,21 @@ class Executor:
         values = [self._arg(arg) for arg in spec.args]
         split = len(values) - len(spec.kwarg_names)
         return function, values[:split], dict(zip(spec.kwarg_names, values[split:], strict=True))
+
+    def _method(self, name: str) -> Any:
+        """The actor's method ``name``, looked up on its class as Ray does, so that an
+        instance attribute of the same name (``self.called = True`` beside ``def
+        called``) does not hide it; bound once. A name the class lacks is looked up on
+        the instance (and raises AttributeError there)."""
+        cls = type(self.instance)
+        try:
+            attr = inspect.getattr_static(cls, name)
+        except AttributeError:
+            return getattr(self.instance, name)
+        get = getattr(type(attr), "__get__", None)
+        method = get(attr, self.instance, cls) if get is not None else attr
+        self.methods[name] = method
+        return method
 
     def function(self, function_id: bytes) -> Any:
         """The exported function or class ``function_id``, fetched once and cached."""

@@ -611,3 +611,38 @@ def test_a_task_creates_actors_of_a_class_defined_in_the_script() -> None:
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[-5:] == ["2", "41", "15", "Counter", "True"]
+
+
+@rtml.remote
+class Shadowed:
+    """An attribute named like a method (Ray looks methods up on the class)."""
+
+    def __init__(self) -> None:
+        self.called = False
+        self.scale = 3
+
+    def called(self) -> str:
+        self.called = True
+        return "method ran"
+
+    def was_called(self) -> bool:
+        return self.__dict__["called"]
+
+    @staticmethod
+    def double(x: int) -> int:
+        return 2 * x
+
+    @classmethod
+    def kind(cls) -> str:
+        return cls.__name__
+
+
+def test_methods_are_the_class_functions_not_instance_attributes_of_the_same_name() -> None:
+    actor = Shadowed.remote()
+    assert rtml.get(actor.was_called.remote(), timeout=60) is False
+    assert rtml.get(actor.called.remote(), timeout=60) == "method ran"
+    assert rtml.get(actor.called.remote(), timeout=60) == "method ran"  # again, still the method
+    assert rtml.get(actor.was_called.remote(), timeout=60) is True
+    assert rtml.get(actor.double.remote(21), timeout=60) == 42
+    assert rtml.get(actor.kind.remote(), timeout=60) == "Shadowed"
+    rtml.kill(actor)
