@@ -26,6 +26,7 @@ from rtml.core.object_ref import ObjectRef
 from rtml.core.options import ACTOR_OPTIONS, METHOD_OPTIONS, check_options, strategy_of
 from rtml.core.remote_function import Exported
 from rtml.core.serialization import recording_contained, serialize
+from rtml.core.signatures import CallCheck
 from rtml.core.submitter import TaskRecord
 from rtml.exceptions import ActorDiedError
 from rtml.ids import random_id
@@ -53,6 +54,7 @@ class ActorClass(Exported):
         self._options = check_options(dict(options), ACTOR_OPTIONS, "an actor class")
         self.__name__ = cls.__name__
         self.__doc__ = cls.__doc__
+        self._check = CallCheck(cls, f"actor class {cls.__name__}")
 
     def __reduce__(self) -> tuple[type[ActorClass], tuple[type, dict[str, Any]]]:
         # Pickled with the code that uses it (cloudpickle, by value; the state is not
@@ -72,6 +74,7 @@ class ActorClass(Exported):
 
     def _create(self, options: dict[str, Any], args: tuple[Any, ...],
                 kwargs: dict[str, Any]) -> ActorHandle:
+        self._check.check(args, kwargs)
         rt = context.require_runtime()
         class_id = self._export(rt)
         built = build_args(rt, args, kwargs)

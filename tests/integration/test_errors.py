@@ -281,3 +281,30 @@ def test_get_after_failed_get_timeout_still_works() -> None:
     with pytest.raises(TimeoutError):
         rtml.get(ref, timeout=0.05)
     assert rtml.get(ref, timeout=30) == "done"
+
+
+# -- arguments checked at the call site (as Ray) ------------------------------------------------
+
+
+@rtml.remote
+class Holder:
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def get(self) -> int:
+        return self.value
+
+
+def test_a_call_that_does_not_match_the_signature_fails_at_remote() -> None:
+    with pytest.raises(TypeError, match=r"remote function plus_one\(x\) cannot take these "
+                                        r"arguments: too many positional arguments"):
+        plus_one.remote(1, 2)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'y'"):
+        plus_one.options(name="renamed").remote(1, y=1)
+    with pytest.raises(TypeError, match=r"actor class Holder\(value\) cannot take these "
+                                        r"arguments: missing a required argument: 'value'"):
+        Holder.remote()
+    assert rtml.get(plus_one.remote(x=1), timeout=60) == 2  # a good call still runs
+    holder = Holder.options(name=None).remote(value=5)
+    assert rtml.get(holder.get.remote(), timeout=60) == 5
+    rtml.kill(holder)
