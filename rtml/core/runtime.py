@@ -130,12 +130,12 @@ class ClientRuntime:
             self.head, head_reply = open_connection(self.reactor, config.head_address, hello,
                                                     self._on_head_message,
                                                     self._on_head_closed)
+            info = head_reply.info
+            self.plane = ControlPlane(info["redis_host"], int(info["redis_port"]), self.token)
         except BaseException:
             self.reactor.stop()
             self.reactor.close()
             raise
-        info = head_reply.info
-        self.plane = ControlPlane(info["redis_host"], int(info["redis_port"]), self.token)
         self.writer = BatchedWriter(self.plane)
         object_ref.set_counter(self.refs)
 

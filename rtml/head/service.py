@@ -102,10 +102,11 @@ class HeadService(Service):
 
     def close(self) -> None:
         """Give the queued writes up to CLOSE_TIMEOUT s, then close the control plane
-        (in a thread: it blocks)."""
-        self.writes.close(CLOSE_TIMEOUT)
-        self.events.close()
-        self.plane.close()
+        (in a thread: it blocks). If Redis hangs, the rest is left to the process's exit:
+        flushing the events or closing the client would wait for the stuck write."""
+        if self.writes.close(CLOSE_TIMEOUT):
+            self.events.close()
+            self.plane.close()
 
     def _event(self, kind: str, **fields: Any) -> None:
         """Queue a timeline event; the writer's thread appends it within ~0.1 s."""
@@ -117,14 +118,13 @@ class HeadService(Service):
         view = pl.NodeView(msg.node_id, msg.address, msg.resources, dict(msg.resources),
                            last_heartbeat=time.monotonic())
         self.nodes[msg.node_id] = NodeState(view, peer, msg.session_dir, msg.transfer_address)
-        # The table goes out once the node is recorded: the node reports ready on it, so
-        # `rtml status` right after `rtml start` finds it in the control plane.
+        # Told at once, not once recorded: a node must be able to join while Redis is slow.
         self.writes.write(self.plane.put_node, msg.node_id, {
             "address": msg.address, "resources": msg.resources,
-            "session_dir": msg.session_dir, "alive": True, "start_ts": time.time()},
-            then=self._broadcast_nodes)
+            "session_dir": msg.session_dir, "alive": True, "start_ts": time.time()})
         self._event("NodeRegistered", node_id=msg.node_id, address=msg.address,
                     resources=msg.resources)
+        self._broadcast_nodes()
         self._decided(self.sched.node_added(view))
         self._carry_out(self.actors.place_pending())
 

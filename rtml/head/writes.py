@@ -2,8 +2,7 @@
 
     event loop                                    writes thread
     ----------                                    -------------
-    write(fn, *args, then=cb) --FIFO queue------> fn(*args), in the order asked
-                              <--call_soon_threadsafe(cb)-- once done (or failed)
+    write(fn, *args)          --FIFO queue------> fn(*args), in the order asked
     latest(key, fn, *args)    --one queued write per key; a newer call replaces the
                                 arguments of the one still queued (heartbeats)
     aside(fn, *args)          --second thread---> long scans that must not hold up the
@@ -11,14 +10,14 @@
     close(timeout)            later writes are dropped; the queues get up to timeout s
 
 A slow or absent Redis then delays the records, never a heartbeat's handling or a
-placement; a failed write is logged and the head goes on.
+placement; a failed write is logged and the head goes on. The threads are daemons: a
+write stuck on a hung Redis cannot hold the head's exit past ``close``'s deadline.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable, Hashable
@@ -26,20 +25,37 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+Job = tuple[Callable[..., Any], tuple[Any, ...]]
+
+
+class _Worker:
+    """One daemon thread running the jobs put on its queue, in order."""
+
+    def __init__(self, name: str) -> None:
+        self.jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            fn, args = job
+            try:
+                fn(*args)
+            except Exception:
+                log.exception("control-plane write %s failed", getattr(fn, "__name__", fn))
+
 
 class PlaneWrites:
     def __init__(self) -> None:
-        self._queue = concurrent.futures.ThreadPoolExecutor(1, "rtml-head-plane")
-        self._aside = concurrent.futures.ThreadPoolExecutor(1, "rtml-head-scans")
+        self._queue = _Worker("rtml-head-plane")
+        self._aside = _Worker("rtml-head-scans")
         self._lock = threading.Lock()
-        self._latest: dict[Hashable, tuple[Callable[..., Any], tuple[Any, ...]]] = {}
+        self._latest: dict[Hashable, Job] = {}
         self._closed = False
 
-    def write(self, fn: Callable[..., Any], *args: Any,
-              then: Callable[[], None] | None = None) -> None:
-        """Queue ``fn(*args)``; ``then()`` runs on the calling event loop once it is done."""
-        loop = asyncio.get_running_loop() if then is not None else None
-        self._submit(self._queue, _run, fn, args, loop, then)
+    def write(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Queue ``fn(*args)`` after the writes queued before it."""
+        self._submit(self._queue, fn, args)
 
     def latest(self, key: Hashable, fn: Callable[..., Any], *args: Any) -> None:
         """Queue ``fn(*args)`` unless a write of ``key`` is queued: that one then writes
@@ -48,52 +64,36 @@ class PlaneWrites:
             queued = key in self._latest
             self._latest[key] = (fn, args)
         if not queued:
-            self._submit(self._queue, self._write_latest, key)
+            self._submit(self._queue, self._write_latest, (key,))
 
     def aside(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` on the second thread, in no order with the queue."""
-        self._submit(self._aside, _run, fn, args, None, None)
+        self._submit(self._aside, fn, args)
 
-    def close(self, timeout: float) -> None:
-        """Drop later writes; give the queued ones up to ``timeout`` s, then stop."""
+    def close(self, timeout: float) -> bool:
+        """Drop later writes; give the queued ones up to ``timeout`` s in all. False if
+        some did not finish: their threads (daemons) are left to end with the process."""
         with self._lock:
             self._closed = True
         deadline = time.monotonic() + timeout
-        for pool in (self._queue, self._aside):
-            marker = pool.submit(_nothing)
-            try:
-                marker.result(max(0.0, deadline - time.monotonic()))
-            except concurrent.futures.TimeoutError:
+        finished = True
+        for worker in (self._queue, self._aside):
+            worker.jobs.put(None)
+            worker.thread.join(max(0.0, deadline - time.monotonic()))
+            if worker.thread.is_alive():
                 log.warning("control-plane writes still queued after %g s were dropped",
                             timeout)
-            pool.shutdown(wait=False, cancel_futures=True)
+                finished = False
+        return finished
 
-    def _submit(self, pool: concurrent.futures.ThreadPoolExecutor, fn: Callable[..., Any],
-                *args: Any) -> None:
-        with self._lock:  # so that no write is submitted after close() shut a pool down
+    def _submit(self, worker: _Worker, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        with self._lock:
             if self._closed:
                 log.debug("control-plane write after shutdown dropped")
                 return
-            pool.submit(fn, *args)
+        worker.jobs.put((fn, args))
 
     def _write_latest(self, key: Hashable) -> None:
         with self._lock:
             fn, args = self._latest.pop(key)
-        _run(fn, args, None, None)
-
-
-def _run(fn: Callable[..., Any], args: tuple[Any, ...],
-         loop: asyncio.AbstractEventLoop | None, then: Callable[[], None] | None) -> None:
-    try:
         fn(*args)
-    except Exception:
-        log.exception("control-plane write %s failed", getattr(fn, "__name__", fn))
-    if loop is not None and then is not None:
-        try:
-            loop.call_soon_threadsafe(then)
-        except RuntimeError:  # the loop closed meanwhile: nobody is left to tell
-            pass
-
-
-def _nothing() -> None:
-    pass

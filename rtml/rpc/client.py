@@ -33,16 +33,19 @@ def make_hello(token: str, role: str, client_id: bytes, job_id: bytes = b"",
                    pid=os.getpid(), job_id=job_id, sys_paths=sys_paths or [], node_id=node_id)
 
 
-def connect_socket(address: str, timeout: float = 10.0) -> socket.socket:
-    """Open a stream socket to ``unix:/path`` or ``host:port``. Raises OSError."""
+def _socket_for(address: str) -> tuple[socket.socket, Any]:
+    """A stream socket for ``unix:/path`` or ``host:port`` (IPv4), and where to connect it."""
     if address.startswith("unix:"):
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        target: Any = address[5:]
-    else:
-        host, _, port = address.rpartition(":")
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        target = (host, int(port))
+        return socket.socket(socket.AF_UNIX, socket.SOCK_STREAM), address[5:]
+    host, _, port = address.rpartition(":")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock, (host, int(port))
+
+
+def connect_socket(address: str, timeout: float = 10.0) -> socket.socket:
+    """A blocking socket connected to ``unix:/path`` or ``host:port``. Raises OSError."""
+    sock, target = _socket_for(address)
     sock.settimeout(timeout)
     try:
         sock.connect(target)
@@ -99,9 +102,11 @@ class FramedClient:
     async def connect(cls, address: str, hello: m.Hello, timeout: float = 10.0) -> tuple[
             FramedClient, m.HelloReply]:
         """Connect and authenticate. Raises OSError, TimeoutError or ProtocolError."""
-        sock = await asyncio.to_thread(connect_socket, address, timeout)
+        sock, target = _socket_for(address)
         try:
             sock.setblocking(False)
+            await asyncio.wait_for(asyncio.get_running_loop().sock_connect(sock, target),
+                                   timeout)
             if sock.family == socket.AF_UNIX:
                 reader, writer = await asyncio.open_unix_connection(sock=sock)
             else:

@@ -2,31 +2,21 @@
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 
 from rtml.head.writes import PlaneWrites
 
 
-def test_writes_run_in_order_off_the_loop_and_then_runs_on_the_loop() -> None:
-    done: list[tuple[str, str]] = []
-
-    async def scenario() -> None:
-        writes = PlaneWrites()
-        loop_thread = threading.current_thread().name
-        told = asyncio.Event()
-        for n in range(50):
-            writes.write(lambda n=n: done.append((str(n), threading.current_thread().name)))
-        writes.write(lambda: None, then=lambda: (
-            done.append(("then", threading.current_thread().name)), told.set()))
-        await asyncio.wait_for(told.wait(), 5)
-        await asyncio.to_thread(writes.close, 5.0)
-        assert [name for name, _ in done] == [str(n) for n in range(50)] + ["then"]
-        assert {thread for name, thread in done if name != "then"} == {"rtml-head-plane_0"}
-        assert done[-1][1] == loop_thread
-
-    asyncio.run(scenario())
+def test_writes_run_in_order_on_their_own_daemon_thread() -> None:
+    done: list[tuple[int, str, bool]] = []
+    writes = PlaneWrites()
+    for n in range(50):
+        writes.write(lambda n=n: done.append(
+            (n, threading.current_thread().name, threading.current_thread().daemon)))
+    assert writes.close(5.0) is True
+    assert [n for n, _, _ in done] == list(range(50))
+    assert {(name, daemon) for _, name, daemon in done} == {("rtml-head-plane", True)}
 
 
 def test_latest_writes_only_the_newest_arguments_of_a_queued_key() -> None:
@@ -56,19 +46,22 @@ def test_a_failed_write_is_logged_and_the_next_ones_still_run(caplog) -> None:
     assert "control-plane write broken failed" in caplog.text
 
 
-def test_close_is_bounded_and_drops_later_writes() -> None:
+def test_close_is_bounded_by_a_stuck_write_and_drops_later_writes() -> None:
     writes = PlaneWrites()
     stuck = threading.Event()
     late: list[int] = []
-    writes.write(stuck.wait, 30)
+    writes.write(stuck.wait, 30)  # a write on a hung Redis
+    writes.write(late.append, 0)  # queued before the close: runs if the stuck one ends
     started = time.monotonic()
-    writes.close(0.2)
+    assert writes.close(0.2) is False
     assert time.monotonic() - started < 2.0
     writes.write(late.append, 1)
     writes.aside(late.append, 2)
-    stuck.set()
-    time.sleep(0.1)
-    assert late == []
+    assert [t.daemon for t in threading.enumerate() if t.name.startswith("rtml-head")] \
+        and all(t.daemon for t in threading.enumerate() if t.name.startswith("rtml-head"))
+    stuck.set()  # the stuck write ends; what was queued behind the close is not run
+    time.sleep(0.2)
+    assert late == [0]
 
 
 def test_aside_does_not_wait_for_the_queue() -> None:

@@ -162,7 +162,9 @@ def cycles(graph: dict[str, set[str]]) -> list[set[str]]:
 
 
 def test_no_import_cycle_between_modules() -> None:
-    assert [c for c in cycles(module_graph()) if c != CORE_RUNTIME_CYCLE] == []
+    # Exactly the known one: a new cycle fails, and so does breaking part of the known
+    # one, until CORE_RUNTIME_CYCLE is shrunk to what is left.
+    assert cycles(module_graph()) == [CORE_RUNTIME_CYCLE]
 
 
 def test_the_rules_catch_what_they_are_for() -> None:
@@ -178,3 +180,4 @@ def test_the_rules_catch_what_they_are_for() -> None:
     assert "transfer_stream is not in rtml.objectstore.__all__" in private
     assert violations("rtml.node.objects", ["rtml.objectstore.store.StoreCore",
                                             "rtml.scheduler.local.Grant"]) == []
+    assert LAYER_OF["rpc"] < LAYER_OF["core"] < LAYER_OF["api"] < LAYER_OF["worker"]
