@@ -53,6 +53,7 @@ COMPILED = (
     "rtml/core/references.py",
     "rtml/core/runtime.py",
     "rtml/core/serialization.py",
+    "rtml/core/signatures.py",
     "rtml/core/submitter.py",
     "rtml/worker/executor.py",
     "rtml/worker/main.py",
