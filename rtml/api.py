@@ -16,7 +16,7 @@ from typing import Any
 from rtml import cluster
 from rtml.config import NodeConfig, default_object_store_memory
 from rtml.core import context
-from rtml.core.actors import ActorClass, ActorHandle
+from rtml.core.actors import ActorClass, ActorHandle, handle_of
 from rtml.core.object_ref import ObjectRef
 from rtml.core.remote_function import RemoteFunction
 from rtml.core.runtime import ClientConfig, ClientRuntime
@@ -312,14 +312,12 @@ def get_actor(name: str, namespace: str | None = None) -> ActorHandle:
 
 
 def _handle_from_spec(rt: ClientRuntime, spec: m.ActorSpec) -> ActorHandle:
-    from rtml.core.actors import _method_meta
     cls = rt.functions.get(spec.class_id)
     if cls is None:
         import cloudpickle
         cls = rt.functions[spec.class_id] = cloudpickle.loads(
             rt.plane.fetch_function(spec.class_id) or b"")
-    return ActorHandle(spec.actor_id, spec.class_name, _method_meta(cls),
-                       spec.max_task_retries)
+    return handle_of(spec, cls)
 
 
 def nodes() -> list[dict[str, Any]]:

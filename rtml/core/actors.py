@@ -54,7 +54,8 @@ class ActorClass(Exported):
         self._options = check_options(dict(options), ACTOR_OPTIONS, "an actor class")
         self.__name__ = cls.__name__
         self.__doc__ = cls.__doc__
-        self._check = CallCheck(cls, f"actor class {cls.__name__}")
+        self._check = CallCheck.of(cls, f"actor class {cls.__name__}")
+        self._method_checks = _method_checks(cls)
 
     def __reduce__(self) -> tuple[type[ActorClass], tuple[type, dict[str, Any]]]:
         # Pickled with the code that uses it (cloudpickle, by value; the state is not
@@ -96,14 +97,15 @@ class ActorClass(Exported):
             strategy=strategy_of(options))
         life = None if spec.name or spec.detached else rt.owner.lives.make(spec.actor_id)
         handle = ActorHandle(spec.actor_id, self.__name__, _method_meta(self._cls),
-                             spec.max_task_retries, life)
+                             spec.max_task_retries, life, self._method_checks)
         for _, ref in built.pending:
             # The actor's worker reads these from shared memory, waiting until they exist.
             rt.refs.escaped(ref)
         existing = _send_create(rt, spec, options)
         if existing is not None:
             return ActorHandle(existing.actor_id, self.__name__, handle._methods,
-                               existing.spec.max_task_retries if existing.spec else 0)
+                               existing.spec.max_task_retries if existing.spec else 0,
+                               None, self._method_checks)
         rt.owner.caller(spec.actor_id, spec.max_task_retries).keep_alive = built.keep_alive
         return handle
 
@@ -131,6 +133,22 @@ def _method_meta(cls: type) -> dict[str, int]:
     return {name: getattr(f, "__rtml_num_returns__", 1) for name, f in _methods(cls)}
 
 
+def handle_of(spec: m.ActorSpec, cls: type) -> ActorHandle:
+    """A handle to the actor of ``spec``, whose class is ``cls`` (``rtml.get_actor``)."""
+    return ActorHandle(spec.actor_id, spec.class_name, _method_meta(cls),
+                       spec.max_task_retries, None, _method_checks(cls))
+
+
+def _method_checks(cls: type) -> dict[str, CallCheck]:
+    """Each method's call check; the instance (or the class, for a classmethod) is not
+    the caller's to pass."""
+    checks = {}
+    for name, f in _methods(cls):
+        static = isinstance(inspect.getattr_static(cls, name, None), (staticmethod, classmethod))
+        checks[name] = CallCheck.of(f, f"actor method {cls.__name__}.{name}", bound=not static)
+    return checks
+
+
 class _BoundClass:
     def __init__(self, actor_class: ActorClass, options: dict[str, Any]) -> None:
         self._actor_class = actor_class
@@ -151,12 +169,14 @@ class ActorHandle:
     """
 
     def __init__(self, actor_id: bytes, class_name: str, methods: dict[str, int],
-                 max_task_retries: int, life: ObjectRef | None = None) -> None:
+                 max_task_retries: int, life: ObjectRef | None = None,
+                 checks: dict[str, CallCheck] | None = None) -> None:
         self._actor_id = actor_id
         self._class_name = class_name
         self._methods = methods
         self._max_task_retries = max_task_retries
         self._life = life
+        self._checks: dict[str, CallCheck] = checks or {}  # none: calls go unchecked
         self._bound: dict[str, ActorMethod] = {}
 
     def __getattr__(self, name: str) -> ActorMethod:
@@ -175,7 +195,7 @@ class ActorHandle:
     def __reduce__(self) -> tuple[Any, ...]:
         _pin_if_untracked(self._life)
         return (ActorHandle, (self._actor_id, self._class_name, self._methods,
-                              self._max_task_retries, self._life))
+                              self._max_task_retries, self._life, self._checks))
 
     def __repr__(self) -> str:
         return f"ActorHandle({self._class_name}, {self._actor_id.hex()})"
@@ -198,6 +218,8 @@ class ActorMethod:
         self._class_name: str = source._class_name
         self._max_task_retries: int = source._max_task_retries
         self._life: ObjectRef | None = source._life
+        self._check: CallCheck | None = (source._checks.get(name) if isinstance(
+            source, ActorHandle) else source._check)
         self._name = name
         self._opts = options
         self._task_name = options.get("name") or f"{source._class_name}.{name}"
@@ -208,6 +230,8 @@ class ActorMethod:
         return ActorMethod(self, self._name, {**self._opts, **options})
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
+        if self._check is not None:
+            self._check.check(args, kwargs)
         return submit_call(context.require_runtime(), name=self._task_name,
                            function_id=b"", args=args, kwargs=kwargs,
                            num_returns=self._num_returns, shape={},
@@ -221,13 +245,14 @@ class ActorMethod:
     def __reduce__(self) -> tuple[Any, ...]:
         _pin_if_untracked(self._life)
         return (_rebuild_method, (self._actor_id, self._class_name, self._max_task_retries,
-                                  self._name, self._opts, self._life))
+                                  self._name, self._opts, self._life, self._check))
 
 
 def _rebuild_method(actor_id: bytes, class_name: str, max_task_retries: int, name: str,
-                    options: dict[str, Any], life: ObjectRef | None = None) -> ActorMethod:
+                    options: dict[str, Any], life: ObjectRef | None = None,
+                    check: CallCheck | None = None) -> ActorMethod:
     handle = ActorHandle(actor_id, class_name, {name: options.get("num_returns", 1)},
-                         max_task_retries, life)
+                         max_task_retries, life, {name: check} if check else None)
     return ActorMethod(handle, name, options)
 
 

@@ -49,7 +49,7 @@ class RemoteFunction(Exported):
         self._options = check_options(dict(options), TASK_OPTIONS, "a remote function")
         self._name = getattr(function, "__qualname__", repr(function))
         self._call = _CallOptions(self._name, self._options)
-        self._check = CallCheck(function, f"remote function {self._name}")
+        self._check = CallCheck.of(function, f"remote function {self._name}")
         self.__doc__ = function.__doc__
         self.__name__ = getattr(function, "__name__", self._name)
 
@@ -64,14 +64,6 @@ class RemoteFunction(Exported):
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         return self._submit(self._call, args, kwargs)
-
-    def __getstate__(self) -> dict[str, Any]:
-        # The signature is rebuilt where it is unpickled: its defaults need not pickle.
-        return {**super().__getstate__(), "_check": None}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._check = CallCheck(self._target, f"remote function {self._name}")
 
     def _submit(self, call: _CallOptions, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self._check.check(args, kwargs)

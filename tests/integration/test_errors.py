@@ -308,3 +308,27 @@ def test_a_call_that_does_not_match_the_signature_fails_at_remote() -> None:
     holder = Holder.options(name=None).remote(value=5)
     assert rtml.get(holder.get.remote(), timeout=60) == 5
     rtml.kill(holder)
+
+
+def test_an_actor_method_call_that_does_not_match_fails_at_remote_also_on_a_passed_handle() -> None:
+    holder = Holder.remote(3)
+    with pytest.raises(TypeError, match=r"actor method Holder.get\(\) cannot take these "
+                                        r"arguments: too many positional arguments"):
+        holder.get.remote(1)
+    assert rtml.get(call_get_wrongly.remote(holder), timeout=60) == "TypeError at remote"
+    by_name = Holder.options(name="holder-by-name").remote(4)
+    found = rtml.get_actor("holder-by-name")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'z'"):
+        found.get.remote(z=1)
+    assert rtml.get(found.get.remote(), timeout=60) == 4
+    rtml.kill(holder)
+    rtml.kill(by_name)
+
+
+@rtml.remote
+def call_get_wrongly(holder: object) -> str:
+    try:
+        holder.get.remote("extra")  # type: ignore[attr-defined]
+    except TypeError:
+        return "TypeError at remote"
+    return "accepted"
