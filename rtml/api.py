@@ -302,6 +302,11 @@ def kill(actor: ActorHandle, *, no_restart: bool = True) -> None:
 
 def get_actor(name: str, namespace: str | None = None) -> ActorHandle:
     """A handle to the live actor called ``name``; ValueError if there is none."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"get_actor() needs the name the actor was created with (a "
+                         f"non-empty str), got {name!r}")
+    if namespace is not None and not isinstance(namespace, str):
+        raise TypeError(f"get_actor()'s namespace must be a str or None, got {namespace!r}")
     rt = context.require_runtime()
     ns = rt.config.namespace if namespace is None else namespace
     info: m.ActorInfo = rt.request(rt.head, lambda req_id: m.GetActorInfo(

@@ -67,6 +67,7 @@ class Actor:
     restarts: int = 0
     error: str = ""
     no_restart: bool = False
+    name_released: bool = False  # killed for good: its name is free before it is DEAD
     waiters: list[Waiter] = field(default_factory=list)
 
     def info(self, req_id: int) -> m.ActorInfo:
@@ -196,7 +197,8 @@ class ActorDirectory:
         if actor is None or actor.state is ActorState.DEAD:
             return []
         actor.no_restart = no_restart
-        return self._kill(actor, reason or "it was killed with rtml.kill()")
+        commands = self._release_name(actor) if no_restart else []
+        return commands + self._kill(actor, reason or "it was killed with rtml.kill()")
 
     def node_died(self, node_id: bytes, reason: str) -> list[Command]:
         commands: list[Command] = []
@@ -242,9 +244,10 @@ class ActorDirectory:
     # -- queries -----------------------------------------------------------------------------
 
     def named(self, namespace: str, name: str) -> Actor | None:
+        """The live actor holding ``name`` (one killed for good holds it no longer)."""
         for actor in self.actors.values():
             if actor.spec.name == name and actor.spec.namespace == namespace \
-                    and actor.state is not ActorState.DEAD:
+                    and actor.state is not ActorState.DEAD and not actor.name_released:
                 return actor
         return None
 
@@ -273,15 +276,21 @@ class ActorDirectory:
         actor.state, actor.address = ActorState.DEAD, ""
         actor.error = actor.error or why
         spec = actor.spec
-        commands: list[Command] = []
-        if spec.name:
-            commands.append(ReleaseName(spec.namespace, spec.name, spec.actor_id))
+        commands = self._release_name(actor)
         commands += [Record.of(actor), *self._answer(actor)]
         if actor.owner is not None:  # unasked (req_id 0): it lets go of the arguments
             commands.append(Answer(actor.owner, actor.info(0)))
             actor.owner = None
         self.pending = [a for a in self.pending if a != spec.actor_id]
         return commands
+
+    @staticmethod
+    def _release_name(actor: Actor) -> list[Command]:
+        spec = actor.spec
+        if not spec.name or actor.name_released:
+            return []
+        actor.name_released = True
+        return [ReleaseName(spec.namespace, spec.name, spec.actor_id)]
 
     def _answer(self, actor: Actor) -> list[Command]:
         waiters, actor.waiters = actor.waiters, []

@@ -646,3 +646,39 @@ def test_methods_are_the_class_functions_not_instance_attributes_of_the_same_nam
     assert rtml.get(actor.double.remote(21), timeout=60) == 42
     assert rtml.get(actor.kind.remote(), timeout=60) == "Shadowed"
     rtml.kill(actor)
+
+
+def test_a_killed_named_actor_frees_its_name_at_once() -> None:
+    first = Counter.options(name="reused-name").remote(1)
+    assert rtml.get(first.get.remote(), timeout=60) == 1
+    rtml.kill(first)
+    with pytest.raises(ValueError, match="no live actor named 'reused-name'"):
+        rtml.get_actor("reused-name")
+    second = Counter.options(name="reused-name").remote(2)
+    assert rtml.get(rtml.get_actor("reused-name").get.remote(), timeout=60) == 2
+    rtml.kill(second)
+
+
+@pytest.mark.parametrize("name", [None, "", 7])
+def test_get_actor_without_a_name_is_a_value_error_at_once(name: object) -> None:
+    with pytest.raises(ValueError, match="needs the name the actor was created with"):
+        rtml.get_actor(name)  # type: ignore[arg-type]
+    assert rtml.get(Counter.remote(5).get.remote(), timeout=60) == 5  # the driver still works
+
+
+def test_kill_without_no_restart_restarts_an_actor_with_restarts_left() -> None:
+    actor = Counter.options(max_restarts=1).remote(10)
+    assert rtml.get(actor.incr.remote(5), timeout=60) == 15
+    first_pid = rtml.get(actor.pid.remote(), timeout=60)
+    rtml.kill(actor, no_restart=False)
+    deadline = time.monotonic() + 60
+    while True:  # calls made while it restarts fail or wait; then it answers again
+        try:
+            pid = rtml.get(actor.pid.remote(), timeout=30)
+            break
+        except rtml.exceptions.ActorDiedError:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+    assert pid != first_pid
+    assert rtml.get(actor.get.remote(), timeout=60) == 10  # state reset by the constructor
+    rtml.kill(actor)

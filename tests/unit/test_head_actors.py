@@ -164,11 +164,26 @@ def test_names_are_claimed_refused_shared_and_released() -> None:
     assert isinstance(shared, Answer) and shared.info.actor_id == named.actor_id
     assert clash.actor_id not in d.actors
     d.started(named.actor_id, A, "unix:/w", "", "")
-    d.kill(named.actor_id, no_restart=True, reason="")
-    commands = d.worker_died(named.actor_id, "killed")
+    # Killed for good: the name is free at once, before the worker's exit makes it DEAD.
+    commands = d.kill(named.actor_id, no_restart=True, reason="")
     assert ReleaseName("ns", "counter", named.actor_id) in commands
     assert d.named("ns", "counter") is None
     assert any(isinstance(c, ClaimName) for c in d.create(Caller(), 0, clash, False))
+    assert d.named("ns", "counter") is d.actors[clash.actor_id]
+    died = d.worker_died(named.actor_id, "killed")  # the old one ends: released once only
+    assert not any(isinstance(c, ReleaseName) for c in died)
+    assert d.actors[named.actor_id].state is ActorState.DEAD
+
+
+def test_a_kill_that_lets_the_actor_restart_keeps_its_name() -> None:
+    d, _ = directory()
+    named = spec(name="svc", namespace="ns", max_restarts=1)
+    d.create(Caller(), 0, named, get_if_exists=False)
+    d.started(named.actor_id, A, "unix:/w", "", "")
+    assert not any(isinstance(c, ReleaseName)
+                   for c in d.kill(named.actor_id, no_restart=False, reason=""))
+    assert kinds(d.worker_died(named.actor_id, "killed")) == ["Record", "StartActor"]
+    assert d.named("ns", "svc") is d.actors[named.actor_id]
 
 
 def test_a_job_end_kills_its_actors_but_not_detached_ones() -> None:
