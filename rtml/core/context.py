@@ -37,6 +37,23 @@ runs twice per task)."""
 current_task = _task_id.get
 """The task (or actor call) running in this thread or asyncio task, if any."""
 
+_job_id: contextvars.ContextVar[bytes] = contextvars.ContextVar("rtml_job_id", default=b"")
+_process_job = b""  # an actor's: its job, for every call it serves
+
+set_task_job = _job_id.set
+"""Set the job of the task running in this thread (a worker serves many jobs' tasks)."""
+
+
+def set_process_job(job_id: bytes) -> None:
+    global _process_job
+    _process_job = job_id
+
+
+def current_job() -> bytes:
+    """The job of the code running here: the running task's, else this actor's, else
+    b"" (a driver: its runtime's ``job_id``). What it submits belongs to that job."""
+    return _job_id.get() or _process_job
+
 
 _actor_id: bytes | None = None
 
@@ -56,7 +73,7 @@ class RuntimeContext:
         return self._rt.node_id.hex()
 
     def get_job_id(self) -> str:
-        return self._rt.job_id.hex()
+        return (current_job() or self._rt.job_id).hex()
 
     def get_task_id(self) -> str | None:
         task_id = _task_id.get()

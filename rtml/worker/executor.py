@@ -173,6 +173,8 @@ class Executor:
 
     def _prepare(self, spec: m.TaskSpec) -> tuple[Any, Sequence[Any], Mapping[str, Any]]:
         self.current_job = spec.job_id
+        if self.actor is None:  # an actor's calls belong to its job (set_process_job)
+            context.set_task_job(spec.job_id)
         if spec.actor_id:
             if spec.actor_id != self.actor_id:
                 raise RtmlError(f"this worker is not actor {spec.actor_id.hex()}")
@@ -309,6 +311,7 @@ class Executor:
         self.actor = spec
         set_visible_gpus(gpu_ids)  # for its whole life: its methods never change it
         context.set_actor(spec.actor_id)
+        context.set_process_job(spec.job_id)
         for path in spec.sys_paths:
             if path not in sys.path:
                 sys.path.insert(0, path)

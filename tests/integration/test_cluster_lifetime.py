@@ -193,3 +193,24 @@ rtml.init(address="auto")
 print(rtml.get(Keeper.remote().add.remote(1)))
 rtml.shutdown()
 """) == ["[1]"]
+
+
+def test_an_actor_created_inside_a_task_ends_with_its_job(head: Head) -> None:
+    (pid,) = _run(head, """
+import os
+
+@rtml.remote
+def start_one():
+    keeper = Keeper.options(name="made-in-a-task").remote()
+    return rtml.get(keeper.pid.remote())
+
+rtml.init(address="auto")
+print(rtml.get(start_one.remote()))
+rtml.shutdown()
+""")
+    import psutil
+
+    deadline = time.monotonic() + 30
+    while psutil.pid_exists(int(pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not psutil.pid_exists(int(pid)), "the actor outlived the job that made it"

@@ -86,6 +86,22 @@ def echo_ref_list(refs: list) -> list:
     return refs
 
 
+@rtml.remote
+def job_ids(depth: int) -> list[str]:
+    """This task's job id, then its nested task's, down to ``depth``."""
+    mine = rtml.get_runtime_context().get_job_id()
+    return [mine] + (rtml.get(job_ids.remote(depth - 1)) if depth else [])
+
+
+@rtml.remote
+class JobReporter:
+    def job(self) -> str:
+        return rtml.get_runtime_context().get_job_id()
+
+    def nested_job(self) -> list[str]:
+        return rtml.get(job_ids.remote(0))
+
+
 def _wait_for_file(path: str, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while not os.path.exists(path):
@@ -129,6 +145,16 @@ def test_workers_start_with_the_imported_code_frozen_out_of_the_collector() -> N
     frozen, pid = rtml.get(frozen_objects.remote())
     assert pid != os.getpid()
     assert frozen > 10_000  # the zygote froze what rtml's imports made before it forked
+
+
+def test_tasks_nested_tasks_and_actors_report_the_driver_s_job() -> None:
+    driver_job = rtml.get_runtime_context().get_job_id()
+    assert len(driver_job) == 8  # a 4-byte job id, in hex
+    assert rtml.get(job_ids.remote(2), timeout=60) == [driver_job] * 3
+    reporter = JobReporter.remote()
+    assert rtml.get(reporter.job.remote(), timeout=60) == driver_job
+    assert rtml.get(reporter.nested_job.remote(), timeout=60) == [driver_job]
+    rtml.kill(reporter)
 
 
 def test_runtime_context_inside_task() -> None:
