@@ -402,21 +402,26 @@ class ClientRuntime:
 
     def _wait_owned(self, refs: list[ObjectRef], deadline: float | None) -> ObjectRef | None:
         """Block until the refs among ``refs`` that we own and are still being made have
-        their values, or (several refs) until one of them failed: that one is returned."""
+        their values, or until one of them failed: the failed one is returned (also one
+        that had failed already), for ``get`` to raise its error at once, as Ray does."""
         me, entries, owner = self.client_id, self.store.entries, self.owner
-        many = len(refs) > 1
-        with self.lock:  # owner.making on a typed local: a native call, no bound method
-            missing = [r.id for r in refs if r.owner == me and r.id not in entries
-                       and owner.making(r.id)]
+        missing: list[bytes] = []
+        with self.lock:  # one pass; owner.making on a typed local is a native call
+            for ref in refs:
+                if ref.owner != me:
+                    continue
+                entry = entries.get(ref.id)
+                if entry is None:
+                    if owner.making(ref.id):
+                        missing.append(ref.id)
+                elif isinstance(entry, m.Payload) and entry.is_error:
+                    return ref
             if not missing:
                 return None
-            if many:
-                failed = self._first_failed(refs)
-                if failed is not None:
-                    return failed
             done = Flag()
-            arrived = done.set if len(missing) == 1 else _countdown(len(missing), done,
-                                                                    self._is_failed)
+            failures: list[bytes] = []
+            arrived = done.set if len(missing) == 1 else _countdown(
+                len(missing), done, self._is_failed, failures)
             for object_id in missing:
                 self.store.add_waiter(object_id, arrived)
         try:
@@ -427,24 +432,18 @@ class ClientRuntime:
                 for object_id in missing:
                     self.store.remove_waiter(object_id, arrived)
             raise
-        if not many:
+        if not failures:  # all arrived (a lone one that failed raises from its value)
             return None
-        with self.lock:  # woken by a failure, or everything arrived (then this finds none)
+        with self.lock:
             for object_id in missing:
                 self.store.remove_waiter(object_id, arrived)
-            return self._first_failed(refs)
+        return next(ref for ref in refs if ref.id == failures[0])
 
     def _is_failed(self, object_id: bytes) -> bool:
         """Whether ``object_id``'s value here is an error (called without the lock: one
         dict read, after the value was stored)."""
         entry = self.store.entries.get(object_id)
         return isinstance(entry, m.Payload) and entry.is_error
-
-    def _first_failed(self, refs: list[ObjectRef]) -> ObjectRef | None:
-        for ref in refs:
-            if self._is_failed(ref.id):
-                return ref
-        return None
 
     def _block(self, done: Flag, deadline: float | None, ids: list[bytes],
                spin: bool = False) -> None:
@@ -681,15 +680,18 @@ class ClientRuntime:
 _READY, _MAKING, _ABSENT = range(3)  # what ClientRuntime._state says of a ref
 
 
-def _countdown(count: int, done: Flag,
-               failed: Callable[[bytes], bool]) -> Callable[[bytes], None]:
-    """A waiter callback that sets ``done`` on its ``count``-th call, or on a call for an
-    object that ``failed``, from any thread (``next`` on a counter is one C call: no
-    arrival is lost between a read and a write)."""
+def _countdown(count: int, done: Flag, failed: Callable[[bytes], bool],
+               failures: list[bytes]) -> Callable[[bytes], None]:
+    """A waiter callback that sets ``done`` on its ``count``-th call, or at once on a call
+    for an object that ``failed`` (added to ``failures``), from any thread (``next`` on a
+    counter is one C call: no arrival is lost between a read and a write)."""
     arrivals = itertools.count(1)
 
     def arrived(object_id: bytes) -> None:
-        if next(arrivals) == count or failed(object_id):
+        if failed(object_id):
+            failures.append(object_id)
+            done.set()
+        elif next(arrivals) == count:
             done.set()
     return arrived
 

@@ -9,18 +9,20 @@ from rtml.rpc.reactor import Flag
 
 def test_countdown_sets_on_the_last_arrival_only() -> None:
     done = Flag()
-    arrived = _countdown(3, done, lambda object_id: False)
+    failures: list[bytes] = []
+    arrived = _countdown(3, done, lambda object_id: False, failures)
     arrived(b"a")
     arrived(b"b")
     assert not done.is_set()
     arrived(b"a")
-    assert done.is_set()
+    assert done.is_set() and failures == []
 
 
-def test_a_failed_arrival_sets_it_at_once() -> None:
+def test_a_failed_arrival_sets_it_at_once_and_is_told() -> None:
     done = Flag()
-    arrived = _countdown(3, done, lambda object_id: object_id == b"bad")
+    failures: list[bytes] = []
+    arrived = _countdown(3, done, lambda object_id: object_id == b"bad", failures)
     arrived(b"a")
     assert not done.is_set()
     arrived(b"bad")
-    assert done.is_set()
+    assert done.is_set() and failures == [b"bad"]
