@@ -421,7 +421,7 @@ class ClientRuntime:
             done = Flag()
             failures: list[bytes] = []
             arrived = done.set if len(missing) == 1 else _countdown(
-                len(missing), done, self._is_failed, failures)
+                len(missing), done, entries, failures)
             for object_id in missing:
                 self.store.add_waiter(object_id, arrived)
         try:
@@ -438,12 +438,6 @@ class ClientRuntime:
             for object_id in missing:
                 self.store.remove_waiter(object_id, arrived)
         return next(ref for ref in refs if ref.id == failures[0])
-
-    def _is_failed(self, object_id: bytes) -> bool:
-        """Whether ``object_id``'s value here is an error (called without the lock: one
-        dict read, after the value was stored)."""
-        entry = self.store.entries.get(object_id)
-        return isinstance(entry, m.Payload) and entry.is_error
 
     def _block(self, done: Flag, deadline: float | None, ids: list[bytes],
                spin: bool = False) -> None:
@@ -680,15 +674,17 @@ class ClientRuntime:
 _READY, _MAKING, _ABSENT = range(3)  # what ClientRuntime._state says of a ref
 
 
-def _countdown(count: int, done: Flag, failed: Callable[[bytes], bool],
+def _countdown(count: int, done: Flag, entries: dict[bytes, Entry],
                failures: list[bytes]) -> Callable[[bytes], None]:
     """A waiter callback that sets ``done`` on its ``count``-th call, or at once on a call
-    for an object that ``failed`` (added to ``failures``), from any thread (``next`` on a
-    counter is one C call: no arrival is lost between a read and a write)."""
+    for an object whose value in ``entries`` is an error (added to ``failures``), from any
+    thread (``next`` on a counter is one C call: no arrival is lost between a read and a
+    write; the value is stored before its waiters are called)."""
     arrivals = itertools.count(1)
 
     def arrived(object_id: bytes) -> None:
-        if failed(object_id):
+        entry = entries.get(object_id)  # inline, not a method: one per result of a burst
+        if isinstance(entry, m.Payload) and entry.is_error:
             failures.append(object_id)
             done.set()
         elif next(arrivals) == count:

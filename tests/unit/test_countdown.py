@@ -4,13 +4,17 @@ first that failed."""
 from __future__ import annotations
 
 from rtml.core.runtime import _countdown
+from rtml.rpc import messages as m
 from rtml.rpc.reactor import Flag
+
+FAILED = m.Payload(b"error", is_error=True)
+FINE = m.Payload(b"value")
 
 
 def test_countdown_sets_on_the_last_arrival_only() -> None:
     done = Flag()
     failures: list[bytes] = []
-    arrived = _countdown(3, done, lambda object_id: False, failures)
+    arrived = _countdown(3, done, {b"a": FINE, b"b": FINE}, failures)
     arrived(b"a")
     arrived(b"b")
     assert not done.is_set()
@@ -21,7 +25,7 @@ def test_countdown_sets_on_the_last_arrival_only() -> None:
 def test_a_failed_arrival_sets_it_at_once_and_is_told() -> None:
     done = Flag()
     failures: list[bytes] = []
-    arrived = _countdown(3, done, lambda object_id: object_id == b"bad", failures)
+    arrived = _countdown(3, done, {b"a": FINE, b"bad": FAILED}, failures)
     arrived(b"a")
     assert not done.is_set()
     arrived(b"bad")
