@@ -85,7 +85,7 @@ class ActorClass(Exported):
         hold = task_shape(options.get("num_cpus"), options.get("num_gpus"),
                           options.get("memory"), options.get("resources"), default_cpus=0)
         spec = m.ActorSpec(
-            actor_id=random_id(), job_id=context.current_job() or rt.job_id,
+            actor_id=random_id(), job_id=rt.job_id or context.current_job(),
             owner_id=rt.client_id, class_id=class_id,
             class_name=self.__name__, args=built.args, kwarg_names=built.kwarg_names,
             shape=place, hold_shape=hold,

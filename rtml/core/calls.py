@@ -36,7 +36,7 @@ def submit_call(rt: ClientRuntime, *, name: str, function_id: bytes, args: tuple
     task_id = new_task_id()
     return_ids = ((first_return_id(task_id),) if num_returns == 1 else
                   tuple([object_id_for(task_id, i + 1) for i in range(num_returns)]))
-    spec = m.TaskSpec(task_id, context.current_job() or rt.job_id, name, function_id,
+    spec = m.TaskSpec(task_id, rt.job_id or context.current_job(), name, function_id,
                       built.args, built.kwarg_names,
                       num_returns, rt.client_id, actor_id=actor_id, method=method,
                       owner_node=rt.node_id)

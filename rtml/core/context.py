@@ -50,8 +50,9 @@ def set_process_job(job_id: bytes) -> None:
 
 
 def current_job() -> bytes:
-    """The job of the code running here: the running task's, else this actor's, else
-    b"" (a driver: its runtime's ``job_id``). What it submits belongs to that job."""
+    """In a worker, the job of the code running here: the running task's, else this
+    actor's. A driver's is its runtime's ``job_id`` (callers look at that first: it
+    saves a driver this call on every submission)."""
     return _job_id.get() or _process_job
 
 
