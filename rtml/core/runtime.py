@@ -405,19 +405,15 @@ class ClientRuntime:
         their values, or until one of them failed: the failed one is returned (also one
         that had failed already), for ``get`` to raise its error at once, as Ray does."""
         me, entries, owner = self.client_id, self.store.entries, self.owner
-        missing: list[bytes] = []
-        with self.lock:  # one pass; owner.making on a typed local is a native call
-            for ref in refs:
-                if ref.owner != me:
-                    continue
-                entry = entries.get(ref.id)
-                if entry is None:
-                    if owner.making(ref.id):
-                        missing.append(ref.id)
-                elif isinstance(entry, m.Payload) and entry.is_error:
-                    return ref
+        with self.lock:  # owner.making on a typed local: a native call, no bound method
+            missing = [r.id for r in refs if r.owner == me and r.id not in entries
+                       and owner.making(r.id)]
             if not missing:
-                return None
+                return None  # a failure among them raises from its value, in order
+            for ref in refs:  # about to wait: one that failed already is raised at once
+                entry = entries.get(ref.id)
+                if isinstance(entry, m.Payload) and entry.is_error:
+                    return ref
             done = Flag()
             failures: list[bytes] = []
             arrived = done.set if len(missing) == 1 else _countdown(
