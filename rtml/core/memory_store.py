@@ -37,7 +37,9 @@ class MemoryStore:
     def __init__(self) -> None:
         self.entries: dict[bytes, Entry] = {}
         self.promoted: set[bytes] = set()
-        self.has_contained: set[bytes] = set()
+        self.has_contained: dict[bytes, bytes] = {}
+        """Inline values holding refs -> the node whose manager holds those refs for them
+        (``b""``: this process's own): released there when the value is freed."""
         self._waiters: dict[bytes, list[Callback]] = {}
 
     def put(self, entries: list[tuple[bytes, Entry]]) -> list[tuple[Callback, bytes]]:

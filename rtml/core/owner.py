@@ -151,7 +151,12 @@ class TaskOwner:
             if msg.node_id != here:
                 self._hold_remote_results(msg)
             for ret in msg.returns:
-                entries.append((ret.object_id, ret.value if ret.value is not None else IN_STORE))
+                if ret.value is None:
+                    entries.append((ret.object_id, IN_STORE))
+                    continue
+                if ret.contained:  # the worker's node manager holds its refs for it
+                    self._holds_at(ret.object_id, b"" if msg.node_id == here else msg.node_id)
+                entries.append((ret.object_id, ret.value))
             finished.append((record, msg))
         for callback, object_id in self.rt.set_entries(entries):
             callback(object_id)  # wake getters first; bookkeeping can wait
@@ -177,6 +182,10 @@ class TaskOwner:
                 break
         if finished:
             self._settle(finished)
+
+    def _holds_at(self, object_id: bytes, node_id: bytes) -> None:
+        with self.rt.lock:
+            self.rt.store.has_contained[object_id] = node_id
 
     def _hold_remote_results(self, msg: m.TaskResult) -> None:
         """Results stored on another node: our node manager holds them there for us."""

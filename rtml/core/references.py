@@ -180,7 +180,7 @@ class ReferenceCounter:
         if not self.refops:
             return
         releases: list[bytes] = []
-        holders: list[bytes] = []
+        holders: list[tuple[bytes, bytes]] = []
         # Borrowed objects whose hold changed in this batch -> held before it. Only the net
         # change is sent: a release and a re-borrow of one object in one batch (as sent,
         # add then release) would otherwise drop a hold still needed.
@@ -225,38 +225,43 @@ class ReferenceCounter:
         else:
             return  # the usual case: the caller still holds them
         releases: list[bytes] = []
-        holders: list[bytes] = []
+        holders: list[tuple[bytes, bytes]] = []
         with self._ref_lock:
             self._free([oid for oid in object_ids if oid not in self._counts], releases, holders)
             self._send_releases(releases, holders)
 
-    def _send_releases(self, releases: list[bytes], holders: list[bytes]) -> None:
+    def _send_releases(self, releases: list[bytes], holders: list[tuple[bytes, bytes]]) -> None:
         if releases:
             self.send_holds(m.ReleaseHolds, releases, self.rt.client_id)
             for object_id in releases:
                 self.locations.pop(object_id, None)
-        for holder in holders:
-            self.rt.nm.send(m.ReleaseHolder(holder))
+        for holder, node_id in holders:
+            self.rt.nm.send(m.ReleaseHolder(holder, node_id))
 
     def _owns(self, object_id: bytes) -> bool:
         rt = self.rt
         return object_id in rt.store.entries or rt.owner.making(object_id)
 
-    def _free(self, object_ids: list[bytes], releases: list[bytes], holders: list[bytes]) -> None:
-        """Drop owned objects nobody references any more."""
+    def _free(self, object_ids: list[bytes], releases: list[bytes],
+              holders: list[tuple[bytes, bytes]]) -> None:
+        """Drop owned objects nobody references any more. One that escaped before its
+        value existed is kept until the value arrives: promoted then (see
+        :meth:`ClientRuntime.set_entries`), it is freed when its task is settled."""
         rt = self.rt
         store = rt.store
         escaped = self.escaped_pending
         lives = rt.owner.lives
         with rt.lock:
             for object_id in object_ids:
+                if object_id in escaped and rt.owner.making(object_id):
+                    continue
                 promoted = object_id in store.promoted
                 entry = store.pop(object_id)
                 escaped.discard(object_id)
                 if object_id in lives.actors:
                     lives.freed(object_id, promoted)
+                holds_at = store.has_contained.pop(object_id, None)
                 if entry is IN_STORE or promoted:
-                    releases.append(object_id)
-                elif object_id in store.has_contained:
-                    holders.append(object_id)
-                store.has_contained.discard(object_id)
+                    releases.append(object_id)  # its node manager releases what it holds
+                elif holds_at is not None:
+                    holders.append((object_id, holds_at))

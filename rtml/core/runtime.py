@@ -350,7 +350,7 @@ class ClientRuntime:
         if ser.contained:
             self.refs.send_holds(m.AddHolds, [r.id for r in ser.contained], container_id)
             with self.lock:
-                self.store.has_contained.add(container_id)
+                self.store.has_contained[container_id] = b""
 
     def write_shared(self, object_id: bytes, ser: Serialized, holder: bytes) -> int:
         """Write a value into this node's shared-memory store on behalf of ``holder``."""
@@ -386,7 +386,8 @@ class ClientRuntime:
             return
         self.store.promoted.add(object_id)
         self.nm.send(m.SealObject(object_id, size, self.client_id,
-                                  self.owner.lives.actors.get(object_id, b"")))
+                                  self.owner.lives.actors.get(object_id, b""),
+                                  self.store.has_contained.get(object_id, b"")))
 
     def get(self, refs: list[ObjectRef], timeout: float | None) -> list[Any]:
         """Values of ``refs`` in order. Raises the stored error, or GetTimeoutError."""

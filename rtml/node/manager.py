@@ -298,7 +298,7 @@ class NodeManager(Service):
         self.objects.release_holds(msg)
 
     def _release_holder(self, peer: Peer, client: Client, msg: m.ReleaseHolder) -> None:
-        self.objects.release_holder(msg.holder)
+        self.objects.release_holder(msg.holder, msg.node_id)
 
     def _fence_holds(self, peer: Peer, client: Client, msg: m.FenceHolds) -> None:
         self.objects.fence_holds(peer, msg)

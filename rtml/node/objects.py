@@ -115,6 +115,7 @@ class ObjectManager:
         self.node_id = node_id
         self.end_actor = end_actor  # an actor's life object was freed here: it ends
         self.lives: dict[bytes, bytes] = {}  # life object -> its actor
+        self.holds_at: dict[bytes, bytes] = {}  # our object -> the node holding its refs
         self.namespace = namespace
         self.spill_dir = spill_dir
         self.token = token
@@ -146,6 +147,8 @@ class ObjectManager:
         holder = b"" if msg.holder in self.gone_clients else msg.holder
         if msg.actor_id:
             self.lives[msg.object_id] = msg.actor_id
+        if msg.holds_at and msg.holds_at != self.node_id:
+            self.holds_at[msg.object_id] = msg.holds_at
         commands = self.store.seal(msg.object_id, msg.size, holder)
         if new:
             self.table.sealed(msg.object_id, msg.size, msg.holder)
@@ -166,7 +169,13 @@ class ObjectManager:
             self.execute(self.store.release_holds(msg.object_ids, msg.holder))
         self.schedule_collect()
 
-    def release_holder(self, holder: bytes) -> None:
+    def release_holder(self, holder: bytes, node_id: bytes = b"") -> None:
+        """Drop every hold of ``holder``: here, or on ``node_id`` (whose manager holds for
+        it: a task's return value, freed by its owner on another node)."""
+        if node_id and node_id != self.node_id:
+            if node_id not in self.dead_nodes:
+                self.links.send(node_id, m.ReleaseHolder(holder))
+            return
         self._forward_releases(self.remote.release_holder(holder))
         self.execute(self.store.release_holder(holder))
         self.schedule_collect()
@@ -384,6 +393,9 @@ class ObjectManager:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
         self._forward_releases(self.remote.release_holder(object_id))  # nested refs it held
+        holds_at = self.holds_at.pop(object_id, None)
+        if holds_at is not None:  # ... or held for it by another node (a promoted result)
+            self.release_holder(object_id, holds_at)
         for node_id in self.copies.pop(object_id, ()):
             self.links.send(node_id, m.ObjectsFreed([object_id]))
         actor_id = self.lives.pop(object_id, None)

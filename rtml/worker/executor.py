@@ -247,7 +247,7 @@ class Executor:
             self.rt.refs.send_holds(m.AddHolds, [r.id for r in ser.contained], object_id)
         size = ser.size
         if size <= INLINE_MAX:
-            return m.ReturnObject(object_id, ser.to_payload(), size)
+            return m.ReturnObject(object_id, ser.to_payload(), size, contained=bool(ser.contained))
         local = spec.owner_node in (b"", self.rt.node_id)
         size = self.rt.write_shared(object_id, ser,
                                     holder=spec.owner_id if local else spec.owner_node)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import msgspec
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 
 
 class Msg(msgspec.Struct, array_like=True, tag=True, omit_defaults=False, gc=False):
@@ -63,6 +63,7 @@ class ReturnObject(msgspec.Struct, array_like=True, gc=False):
     value: Payload | None  # None: the value is in the node's shared-memory store
     size: int = 0
     is_error: bool = False
+    contained: bool = False  # the value holds refs: held for it by the worker's node manager
 
 
 class TaskSpec(msgspec.Struct, array_like=True, gc=False):

@@ -72,6 +72,7 @@ class SealObject(Msg, tag=30):
     size: int
     holder: bytes
     actor_id: bytes = b""  # the object is this actor's life: the actor ends when it is freed
+    holds_at: bytes = b""  # the node holding the refs inside it, if not this one
 
 
 class AddHolds(Msg, tag=31):
@@ -88,6 +89,7 @@ class ReleaseHolds(Msg, tag=32):
 
 class ReleaseHolder(Msg, tag=33):
     holder: bytes
+    node_id: bytes = b""  # the node whose manager holds for ``holder``, if not the receiver
 
 
 class WaitObject(Msg, tag=34):
