@@ -111,6 +111,15 @@ class ObjectLostError(RtmlError):
     """Every copy of the object is gone and it cannot be rebuilt."""
 
 
+class OwnerDiedError(ObjectLostError):
+    """The process that owned the object (it called ``put``, or submitted the task making
+    it) died before its value existed, so nobody can make it any more.
+
+    Keep a ref alive past its creator by having a longer-lived process (the driver, a
+    detached actor) create it, or by returning its value instead of the ref.
+    """
+
+
 class GetTimeoutError(RtmlError, TimeoutError):
     """``get`` or ``wait`` ran out of time; the object may still arrive later."""
 
@@ -129,6 +138,6 @@ class ProtocolError(RtmlError):
 
 __all__ = [
     "ActorDiedError", "ActorError", "GetTimeoutError", "NodeDiedError", "ObjectLostError",
-    "ProtocolError", "RtmlError", "RtmlSystemError", "TaskCancelledError", "TaskError",
+    "OwnerDiedError", "ProtocolError", "RtmlError", "RtmlSystemError", "TaskCancelledError", "TaskError",
     "WorkerCrashedError",
 ]

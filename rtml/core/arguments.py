@@ -68,8 +68,9 @@ def _one(rt: ClientRuntime, built: BuiltArgs, position: int, value: Any,
 
 
 def _ref_arg(rt: ClientRuntime, built: BuiltArgs, position: int, ref: ObjectRef) -> m.TaskArg:
-    if ref.owner != rt.client_id:
-        return m.TaskArg(object_id=ref.id, node_id=rt.refs.location_of(ref.id))
+    if ref.owner != rt.client_id:  # borrowed: the worker waits for it if need be
+        return m.TaskArg(object_id=ref.id, node_id=rt.refs.location_of(ref.id),
+                         owner_id=ref.owner)
     with rt.lock:
         entry = rt.store.get(ref.id)
         if entry is None and rt.owner.making(ref.id):

@@ -48,6 +48,7 @@ from rtml.core.submitter import TaskSubmitter
 from rtml.exceptions import (
     GetTimeoutError,
     ObjectLostError,
+    OwnerDiedError,
     RtmlSystemError,
     TaskError,
 )
@@ -497,8 +498,11 @@ class ClientRuntime:
         except GetTimeoutError:
             self._replies.pop(req_id, None)
             raise
-        if box[0].error:
-            raise ObjectLostError(f"object {object_id.hex()} is lost: {box[0].error}")
+        answer = box[0]
+        if answer.owner_died:
+            raise OwnerDiedError(f"object {object_id.hex()} cannot be made: {answer.error}")
+        if answer.error:
+            raise ObjectLostError(f"object {object_id.hex()} is lost: {answer.error}")
 
     def _state(self, ref: ObjectRef) -> int:
         """``_READY`` (in the memory store, or in this node's shared memory), ``_MAKING``

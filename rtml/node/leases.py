@@ -20,6 +20,7 @@ carries out.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,9 +54,12 @@ class Spilling:
 class LeaseRouter:
     """The node's lease requests: the local queue (``sched``) and those at the head."""
 
-    def __init__(self, node_id: bytes, sched: LocalScheduler) -> None:
+    def __init__(self, node_id: bytes, sched: LocalScheduler,
+                 worker_of: Callable[[Any], bytes] = lambda client: b"") -> None:
+        """``worker_of(client)``: the id of the worker a client is, or ``b""``."""
         self.node_id = node_id
         self.sched = sched
+        self.worker_of = worker_of
         self.spilling: dict[int, Spilling] = {}  # by spill id (our req_id at the head)
         self._spill_of: dict[tuple[Any, int], int] = {}  # (client, its req_id) -> spill id
         self._spill_ids = 0
@@ -124,7 +128,8 @@ class LeaseRouter:
         commands: list[Any] = []
         if not self.sched.feasible(msg.shape):
             commands.append(Reply(client, m.LeaseInfeasible(msg.req_id, msg.shape)))
-        return commands + self.sched.request_lease(client, msg.req_id, msg.shape)
+        return commands + self.sched.request_lease(client, msg.req_id, msg.shape,
+                                                   self.worker_of(client))
 
     def _spill(self, client: Any, msg: m.RequestLease, queued_here: bool) -> list[Any]:
         self._spill_ids += 1

@@ -3,6 +3,7 @@
     NodeLinks.send(node_id, msg) --queued until the address is known--> FramedClient --TCP-->
                                                                         other node manager
     NodeLinks.fence(node_id) --LinkFence--> answered LinkFenced once all before it are handled
+    other node manager --answers (ObjectLocated)--> on_answer
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections.abc import Callable
 
 from rtml.exceptions import ProtocolError
 from rtml.rpc import messages as m
@@ -26,8 +28,10 @@ class NodeLinks:
     :meth:`fence` waits until the other end has handled what was sent before it.
     """
 
-    def __init__(self, hello: m.Hello) -> None:
+    def __init__(self, hello: m.Hello, on_answer: Callable[[m.Msg], None]) -> None:
+        """``on_answer``: gets what the other ends send back, besides fence answers."""
         self.hello = hello
+        self.on_answer = on_answer
         self.addresses: dict[bytes, str] = {}
         self._clients: dict[bytes, FramedClient] = {}
         self._queues: dict[bytes, list[m.Msg]] = {}
@@ -83,9 +87,11 @@ class NodeLinks:
         self._clients[node_id] = client
         try:
             while True:
-                msg = await client.receive()  # fence answers; this also notices a close
+                msg = await client.receive()  # answers; this also notices a close
                 if isinstance(msg, m.LinkFenced):
                     self._fenced(node_id, msg.req_id)
+                else:
+                    self.on_answer(msg)
         except (ConnectionError, OSError):
             pass
         finally:

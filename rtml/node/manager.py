@@ -90,12 +90,18 @@ class NodeManager(Service):
         self.plane: ControlPlane | None = None
         self.clients: set[Peer] = set()
         self.other_nodes: set[bytes] = set()
-        self.leases = LeaseRouter(self.node_id, self.sched)
-        self.links = NodeLinks(make_hello(self.token, "node", self.node_id))
+        self.leases = LeaseRouter(self.node_id, self.sched, _worker_of)
+        self.links = NodeLinks(make_hello(self.token, "node", self.node_id), self._link_answer)
         self.objects = ObjectManager(self.node_id, self.namespace, str(self.session.spill),
                                      cfg.object_store_memory, self.token, self.links,
                                      self._end_actor)
         self.launcher = WorkerLauncher(zygote, self._worker_gone)
+
+    def _link_answer(self, msg: m.Msg) -> None:
+        if isinstance(msg, m.ObjectLocated):
+            self.objects.located(msg)
+        else:
+            log.warning("unexpected %s on a node link", type(msg).__name__)
 
     def _end_actor(self, actor_id: bytes) -> None:
         """The actor's life object was freed here: no handle to it is left anywhere."""
@@ -212,6 +218,8 @@ class NodeManager(Service):
                         hello.node_id if remote else b"")
         if hello.role in ("driver", "worker"):
             self.clients.add(peer)
+            if not remote:
+                self.objects.client_joined(hello.client_id)
         worker = self.workers.get(hello.client_id) if hello.role == "worker" else None
         if worker is not None:
             worker.peer = peer
@@ -309,6 +317,9 @@ class NodeManager(Service):
     def _wait_object(self, peer: Peer, client: Client, msg: m.WaitObject) -> None:
         self.objects.wait(peer, client.waiters, msg)
 
+    def _locate_object(self, peer: Peer, client: Client, msg: m.LocateObject) -> None:
+        self.objects.answer_locate(peer, msg)
+
     def _objects_freed(self, peer: Peer, client: Client, msg: m.ObjectsFreed) -> None:
         self.objects.objects_freed(msg.object_ids)
 
@@ -316,6 +327,7 @@ class NodeManager(Service):
         stats = self.objects.store.stats()
         stats["num_workers"] = sum(1 for w in self.workers.values() if not w.gone)
         stats["pulls_started"] = self.objects.pulls_started
+        stats["remote_holds"] = len(self.objects.remote)
         peer.send(m.StoreStatsReply(msg.req_id, stats))
 
     _handlers: dict[type, Any] = {
@@ -327,6 +339,7 @@ class NodeManager(Service):
         m.WaitObject: _wait_object, m.CancelTask: _cancel_task, m.StoreStats: _stats,
         m.WorkerOutput: _output, m.ObjectsFreed: _objects_freed,
         m.FenceHolds: _fence_holds, m.LinkFence: _link_fence,
+        m.LocateObject: _locate_object,
     }
 
     # -- scheduler commands ------------------------------------------------------------------
@@ -447,3 +460,9 @@ def run(argv: list[str], zygote: subprocess.Popen[bytes]) -> int:
     die_with_launcher()
     setup_logging(str(Session(Path(cfg.session_dir)).log_file("node_manager")))
     return run_daemon("node manager", "node_manager", ready, serve(cfg, ready, zygote))
+
+
+def _worker_of(peer: Peer) -> bytes:
+    """The worker id of the client on ``peer`` (a lease is never granted to its asker)."""
+    worker = peer.context.worker
+    return worker.worker_id if worker is not None else b""

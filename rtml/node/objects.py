@@ -40,6 +40,10 @@ log = logging.getLogger(__name__)
 COPY = b"copy"
 """The holder of a copy pulled from another node, until that node frees the object."""
 
+MAX_ASKS = 3
+"""Times one wait asks where an object is after pulls found nothing (a ref names its owner's
+node; that node may name another, which has it)."""
+
 GONE_CLIENTS_KEPT = 10_000
 """Disconnected client ids remembered, so late seals on their behalf hold nothing."""
 
@@ -135,6 +139,12 @@ class ObjectManager:
         self.awaiting_address: dict[bytes, set[bytes]] = {}  # node -> objects to pull
         self.copies: dict[bytes, set[bytes]] = {}  # our object -> nodes holding a copy
         self.copy_of: dict[bytes, bytes] = {}  # our copy -> its primary node
+        self.local_clients: set[bytes] = set()  # drivers and workers of this node
+        self.awaited: dict[bytes, bytes] = {}  # awaited here before it exists -> its owner here
+        self.locating: dict[bytes, list[tuple[Any, int]]] = {}  # object -> nodes asking where
+        self.owners: dict[bytes, tuple[bytes, int]] = {}  # object pulled -> (owner, asks so far)
+        self.asked: dict[bytes, tuple[bytes, bytes, int]] = {}  # object -> (node asked, owner,
+        self._locate_ids = 0                                 #            asks so far)
         self.background: set[asyncio.Future[Any]] = set()
         self.transfer: Any = None
         self.loop = asyncio.get_running_loop()
@@ -152,20 +162,45 @@ class ObjectManager:
         commands = self.store.seal(msg.object_id, msg.size, holder)
         if new:
             self.table.sealed(msg.object_id, msg.size, msg.holder)
+            self._located(msg.object_id, self.node_id)
         self.execute(commands)
 
     def add_holds(self, msg: m.AddHolds) -> None:
-        if msg.node_id and msg.node_id != self.node_id:
-            for node_id, first in self.remote.add(msg.object_ids, msg.holder,
-                                                  msg.node_id).items():
-                self.links.send(node_id, m.AddHolds(first, self.node_id))
-        else:
-            self.execute(self.store.add_holds(msg.object_ids, msg.holder))
+        """Hold objects for ``msg.holder``: here, or through the node holding their primary
+        copy. Learning that an object's primary is elsewhere moves the holds already made
+        here for it there (a ref pickled before its value existed names its owner's node),
+        pulls it for those waiting here, and answers the nodes asking where it is."""
+        primary = msg.node_id if msg.node_id != self.node_id else b""
+        if not primary:
+            here = [oid for oid in msg.object_ids if not self._held_elsewhere(oid)]
+            if len(here) < len(msg.object_ids):  # the others go to their primary node
+                for oid in set(msg.object_ids) - set(here):
+                    self._hold_remote([oid], msg.holder, self.remote.primary_of(oid) or b"")
+            self.execute(self.store.add_holds(here, msg.holder))
+            return
+        self._hold_remote(msg.object_ids, msg.holder, primary)
+        for object_id in msg.object_ids:
+            if not self.store.contains(object_id):
+                for holder in self.store.take_holds(object_id):
+                    self._hold_remote([object_id], holder, primary)
+                self._located(object_id, primary)
+                if self.store.waiting_on(object_id):
+                    self._pull(object_id, primary)
+
+    def _held_elsewhere(self, object_id: bytes) -> bool:
+        """Whether holds on the object go to another node (it is not sealed here, or only
+        as a copy, and its primary is known to be there)."""
+        return self.remote.primary_of(object_id) is not None and (
+            object_id in self.copy_of or not self.store.contains(object_id))
+
+    def _hold_remote(self, object_ids: list[bytes], holder: bytes, node_id: bytes) -> None:
+        for primary, first in self.remote.add(object_ids, holder, node_id).items():
+            self.links.send(primary, m.AddHolds(first, self.node_id))
 
     def release_holds(self, msg: m.ReleaseHolds) -> None:
-        if msg.node_id and msg.node_id != self.node_id:
-            self._forward_releases(self.remote.release(msg.object_ids, msg.holder))
-        else:
+        """Drop ``msg.holder``'s holds, wherever they were made (see :meth:`add_holds`)."""
+        self._forward_releases(self.remote.release(msg.object_ids, msg.holder))
+        if not msg.node_id or msg.node_id == self.node_id:
             self.execute(self.store.release_holds(msg.object_ids, msg.holder))
         self.schedule_collect()
 
@@ -203,14 +238,23 @@ class ObjectManager:
         waiter_id = self._waiter_ids
         self.waiters[waiter_id] = (peer, msg.req_id)
         waiters.add(waiter_id)
-        commands = self.store.wait(msg.object_id, waiter_id)
-        self.execute(commands)
-        if waiter_id in self.waiters and not self.store.contains(msg.object_id):
-            primary = msg.node_id or self.remote.primary_of(msg.object_id) or b""
-            if primary and primary != self.node_id:
-                self._pull(msg.object_id, primary)
-            elif not primary:
-                self.unlocated.add(msg.object_id)
+        object_id = msg.object_id
+        self.execute(self.store.wait(object_id, waiter_id))
+        if waiter_id not in self.waiters or self.store.contains(object_id):
+            return
+        primary = self.remote.primary_of(object_id) or msg.node_id
+        if primary and primary != self.node_id:
+            self._pull(object_id, primary, msg.owner_id)
+        elif msg.owner_id in self.local_clients:  # sealed here, or placed elsewhere: told
+            self.awaited[object_id] = msg.owner_id
+        elif msg.owner_id in self.gone_clients:
+            self.execute(self.store.fail_waiters(object_id, _owner_died(msg.owner_id)), True)
+        else:
+            self.unlocated.add(object_id)
+
+    def client_joined(self, client_id: bytes) -> None:
+        """A driver or worker of this node connected: it may own objects awaited here."""
+        self.local_clients.add(client_id)
 
     def client_gone(self, client_id: bytes, waiters: set[int]) -> None:
         for waiter_id in waiters:
@@ -220,6 +264,67 @@ class ObjectManager:
         if len(self.gone_clients) > GONE_CLIENTS_KEPT:
             del self.gone_clients[next(iter(self.gone_clients))]
         self.release_holder(client_id)
+        if client_id in self.local_clients:
+            self.local_clients.discard(client_id)
+            self._owner_gone(client_id)
+
+    def _owner_gone(self, owner: bytes) -> None:
+        """Objects awaited here whose owner just died and that exist nowhere: they never
+        will (their waiters, and the nodes asking where they are, get OwnerDiedError)."""
+        why = _owner_died(owner)
+        for object_id in [oid for oid, o in self.awaited.items() if o == owner]:
+            del self.awaited[object_id]
+            if self.store.contains(object_id) or self.remote.primary_of(object_id):
+                continue
+            for peer, req_id in self.locating.pop(object_id, ()):
+                peer.send(m.ObjectLocated(req_id, object_id, b"", why, owner_died=True))
+            self.execute(self.store.fail_waiters(object_id, why), True)
+
+    # -- where objects are -------------------------------------------------------------------
+
+    def answer_locate(self, peer: Any, msg: m.LocateObject) -> None:
+        """Another node's pull found nothing here: say where the object is, now or once
+        its owner (a client of ours) has it made."""
+        object_id = msg.object_id
+        where = self._where(object_id)
+        if where:
+            peer.send(m.ObjectLocated(msg.req_id, object_id, where))
+        elif msg.owner_id in self.local_clients:
+            self.locating.setdefault(object_id, []).append((peer, msg.req_id))
+            self.awaited[object_id] = msg.owner_id
+        elif msg.owner_id in self.gone_clients:
+            peer.send(m.ObjectLocated(msg.req_id, object_id, b"", _owner_died(msg.owner_id),
+                                      owner_died=True))
+        else:
+            peer.send(m.ObjectLocated(msg.req_id, object_id, b"",
+                                      f"node {self.node_id.hex()} has no copy"))
+
+    def _where(self, object_id: bytes) -> bytes:
+        if self.store.contains(object_id):
+            return self.node_id
+        return self.remote.primary_of(object_id) or b""
+
+    def _located(self, object_id: bytes, node_id: bytes) -> None:
+        self.awaited.pop(object_id, None)
+        for peer, req_id in self.locating.pop(object_id, ()):
+            peer.send(m.ObjectLocated(req_id, object_id, node_id))
+
+    def located(self, msg: m.ObjectLocated) -> None:
+        """The answer to our :meth:`locate` question: pull from there, or fail."""
+        object_id = msg.object_id
+        asked = self.asked.pop(object_id, None)
+        if asked is None:
+            return
+        if msg.error:
+            self.execute(self.store.fail_waiters(object_id, msg.error), msg.owner_died)
+        elif self.store.waiting_on(object_id) and not self.store.contains(object_id):
+            _, owner, asks = asked
+            self._pull(object_id, msg.node_id, owner, asks)
+
+    def _ask_where(self, object_id: bytes, node_id: bytes, owner: bytes, asks: int) -> None:
+        self._locate_ids += 1
+        self.asked[object_id] = (node_id, owner, asks + 1)
+        self.links.send(node_id, m.LocateObject(self._locate_ids, object_id, owner))
 
     # -- other nodes ---------------------------------------------------------------------------
 
@@ -238,8 +343,10 @@ class ObjectManager:
         why = f"its node {node_id.hex()} died ({reason})"
         lost = set(self.remote.node_died(node_id)) | self.awaiting_address.pop(node_id, set())
         lost |= {oid for oid, source in self.pulls.items() if source == node_id}
+        lost |= {oid for oid, (asked, _, _) in self.asked.items() if asked == node_id}
         for object_id in lost:
             self.pulls.pop(object_id, None)
+            self.asked.pop(object_id, None)
             self.execute(self.store.fail_waiters(object_id, why))
         for holders in self.copies.values():
             holders.discard(node_id)
@@ -254,9 +361,13 @@ class ObjectManager:
 
     # -- pulls -----------------------------------------------------------------------------------
 
-    def _pull(self, object_id: bytes, node_id: bytes) -> None:
+    def _pull(self, object_id: bytes, node_id: bytes, owner: bytes = b"", asks: int = 0) -> None:
+        """Pull the object from ``node_id``; one not there is asked for there (see
+        :meth:`answer_locate`), at most ``MAX_ASKS`` times for one wait."""
         if object_id in self.pulls:
             return  # one transfer per object, however many wait for it
+        if owner:
+            self.owners[object_id] = (owner, asks)
         if node_id in self.dead_nodes:
             self.execute(self.store.fail_waiters(
                 object_id, f"its node {node_id.hex()} is dead"))
@@ -282,9 +393,17 @@ class ObjectManager:
         if self.pulls.get(object_id) != node_id:
             return  # the source died meanwhile; the waiters were told
         del self.pulls[object_id]
+        owner, asks = self.owners.pop(object_id, (b"", 0))
         try:
             size = future.result()
-        except (ObjectLostError, RtmlSystemError) as exc:
+        except ObjectLostError as exc:  # not there (yet): its owner's node knows where
+            if owner and asks < MAX_ASKS and self.store.waiting_on(object_id):
+                self._ask_where(object_id, node_id, owner, asks)
+                return
+            log.warning("pulling %s from %s failed: %s", object_id.hex(), node_id.hex(), exc)
+            self.execute(self.store.fail_waiters(object_id, str(exc)))
+            return
+        except RtmlSystemError as exc:
             log.warning("pulling %s from %s failed: %s", object_id.hex(), node_id.hex(), exc)
             self.execute(self.store.fail_waiters(object_id, str(exc)))
             return
@@ -339,12 +458,14 @@ class ObjectManager:
         self._collect_scheduled = False
         self.execute(self.store.collect())
 
-    def execute(self, commands: list[Any]) -> None:
+    def execute(self, commands: list[Any], owner_died: bool = False) -> None:
+        """Carry out the store core's commands; ``owner_died``: the losses they report are
+        of objects whose owner died before making them."""
         for command in commands:
             if isinstance(command, NotifyReady):
                 self._notify(command.waiter_ids, "")
             elif isinstance(command, NotifyLost):
-                self._notify(command.waiter_ids, command.reason)
+                self._notify(command.waiter_ids, command.reason, owner_died)
             elif isinstance(command, Spill):
                 self._spill(command.object_id)
             elif isinstance(command, Restore):
@@ -352,12 +473,12 @@ class ObjectManager:
             elif isinstance(command, Delete):
                 self._delete(command.object_id)
 
-    def _notify(self, waiter_ids: tuple[int, ...], error: str) -> None:
+    def _notify(self, waiter_ids: tuple[int, ...], error: str, owner_died: bool = False) -> None:
         for waiter_id in waiter_ids:
             entry = self.waiters.pop(waiter_id, None)
             if entry is not None:
                 peer, req_id = entry
-                peer.send(m.ObjectAvailable(req_id, b"", error))
+                peer.send(m.ObjectAvailable(req_id, b"", error, owner_died))
 
     def _segment(self, object_id: bytes) -> str:
         return segment.segment_path(self.namespace, object_id)
@@ -457,3 +578,7 @@ class ObjectManager:
             plane.write_objects({}, mine, drops)
         except Exception as exc:  # Redis may already be stopped with the cluster
             log.info("could not remove %d object record(s) at shutdown: %s", len(mine), exc)
+
+
+def _owner_died(owner: bytes) -> str:
+    return f"its owner {owner.hex()} died before the value existed"

@@ -25,6 +25,10 @@ class RemoteHolds:
         self._holders: dict[bytes, set[bytes]] = {}  # object id -> local holders
         self._held_by: dict[bytes, set[bytes]] = {}  # holder -> object ids
 
+    def __len__(self) -> int:
+        """Objects held here for local holders."""
+        return len(self._holders)
+
     def primary_of(self, object_id: bytes) -> bytes | None:
         return self._primary.get(object_id)
 

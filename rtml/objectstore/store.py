@@ -147,6 +147,7 @@ class StoreCore:
         spilled = [e for e in sealed if e.state == SPILLED]
         return {
             "num_objects": len(sealed),
+            "num_placeholders": len(self._entries) - len(sealed),
             "used_bytes": self._used,
             "capacity": self.capacity,
             "num_spilled": len(spilled),
@@ -272,6 +273,21 @@ class StoreCore:
             entry = self._entries.setdefault(object_id, _Entry())
             self._hold(object_id, entry, holder)
         return []
+
+    def take_holds(self, object_id: bytes) -> set[bytes]:
+        """The holders of an object not sealed here, which stop holding it here: its primary
+        copy turned out to live on another node, where they hold it now. Its waiters stay."""
+        entry = self._entries.get(object_id)
+        if entry is None or entry.state is not None or not entry.holders:
+            return set()
+        holders, entry.holders = entry.holders, set()
+        for holder in holders:
+            held = self._held_by[holder]
+            held.discard(object_id)
+            if not held:
+                del self._held_by[holder]
+        self._drop_if_unused_placeholder(object_id, entry)
+        return holders
 
     def release_holds(self, object_ids: Iterable[bytes], holder: bytes) -> list[Command]:
         """``holder`` drops each object; unknown holds are ignored. Returns [] (see collect)."""

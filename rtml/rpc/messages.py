@@ -56,6 +56,8 @@ from rtml.rpc.protocols.head import (
 from rtml.rpc.protocols.link import (
     LinkFence,
     LinkFenced,
+    LocateObject,
+    ObjectLocated,
     ObjectsFreed,
 )
 from rtml.rpc.protocols.node import (
@@ -118,6 +120,7 @@ __all__ = [
     "LeaseSpillback",
     "LinkFence",
     "LinkFenced",
+    "LocateObject",
     "Msg",
     "NodeDied",
     "NodeEntry",
@@ -127,6 +130,7 @@ __all__ = [
     "NodeTransferReady",
     "OUT_OF_SCOPE",
     "ObjectAvailable",
+    "ObjectLocated",
     "ObjectsFreed",
     "PROTOCOL_VERSION",
     "Payload",

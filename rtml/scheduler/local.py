@@ -58,6 +58,7 @@ class LeaseRequest:
     client: Any
     req_id: int
     shape: Shape
+    requester: bytes = b""  # the worker asking (for the tasks its task submits), if one
 
 
 @dataclass
@@ -105,8 +106,11 @@ class LocalScheduler:
     def feasible(self, shape: Shape) -> bool:
         return fits(shape, self.total)
 
-    def request_lease(self, client: Any, req_id: int, shape: Shape) -> list[Any]:
-        self.pending.append(LeaseRequest(client, req_id, shape))
+    def request_lease(self, client: Any, req_id: int, shape: Shape,
+                      requester: bytes = b"") -> list[Any]:
+        """``requester``: the worker asking, which is never granted to itself (it would
+        have to connect to itself, from the thread that serves its connections)."""
+        self.pending.append(LeaseRequest(client, req_id, shape, requester))
         return self.dispatch()
 
     def cancel_request(self, client: Any, req_id: int) -> bool:
@@ -201,11 +205,12 @@ class LocalScheduler:
             if not fits(request.shape, room):
                 continue
             subtract(room, request.shape)
-            if not self.idle:
+            worker_id = self._idle_worker(request.requester)
+            if worker_id is None:
                 waiting += 1
                 continue
             self.pending.remove(request)
-            commands.append(self._grant(request))
+            commands.append(self._grant(request, worker_id))
         commands.extend(StartWorker() for _ in range(waiting - self.starting))
         self.starting = max(self.starting, waiting)
         return commands
@@ -232,8 +237,20 @@ class LocalScheduler:
     def pending_shapes(self) -> list[Shape]:
         return [r.shape for r in self.pending] + [a.place_shape for a in self.actors_pending]
 
-    def _grant(self, request: LeaseRequest) -> Grant:
-        worker_id = self.idle.popleft()
+    def _idle_worker(self, requester: bytes) -> bytes | None:
+        """An idle worker other than ``requester``, taken out of the idle pool; or None."""
+        idle = self.idle
+        if not idle:
+            return None
+        if idle[0] != requester:
+            return idle.popleft()
+        for worker_id in idle:
+            if worker_id != requester:
+                idle.remove(worker_id)
+                return worker_id
+        return None
+
+    def _grant(self, request: LeaseRequest, worker_id: bytes) -> Grant:
         lease = Lease(next(self._ids), request.client, worker_id, request.shape,
                       gpu_ids=self._take_gpus(request.shape))
         self.leases[lease.lease_id] = lease

@@ -217,7 +217,7 @@ class Executor:
             if arg.value.is_error:
                 raise _Failed(arg.value)
             return from_payload(arg.value)
-        value = self.rt.read_shared(arg.object_id, b"", None, arg.node_id)
+        value = self.rt.read_shared(arg.object_id, arg.owner_id, None, arg.node_id)
         if isinstance(value, StoredError):
             raise _Failed(serialize(value).to_payload(is_error=True))
         return value

@@ -70,9 +70,11 @@ class TaskServer:
                 sock.sendall(frame(m.encode(m.HelloReply(ok=False, error=str(exc)))))
             sock.close()
             return
-        for path in hello.sys_paths:
-            if path not in sys.path:
+        for path in hello.sys_paths:  # where the owner's code is found, here and for the
+            if path not in sys.path:  # tasks this worker submits (their workers need it too)
                 sys.path.insert(0, path)
+            if path not in self.rt.sys_paths:
+                self.rt.sys_paths.append(path)
         owner = Connection(self.reactor, sock, self._on_message, name="owner")
         owner.send(m.HelloReply(ok=True, node_id=self.rt.node_id))
         self.reactor.add(owner)

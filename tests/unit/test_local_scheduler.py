@@ -218,3 +218,22 @@ def test_worker_that_dies_while_starting_is_replaced() -> None:
     # e.g. it crashed while importing: the waiting request asks for a new worker
     assert len(starts(s.worker_died(b"never-ready", was_starting=True))) == 1
     assert s.starting == 1
+
+
+def test_a_worker_is_never_granted_its_own_lease_request() -> None:
+    # A worker whose task submitted tasks, then ended, is idle: granted to itself it would
+    # have to connect to itself from the thread serving its connections (a 10 s stall).
+    s = with_idle(sched(cpus=2), W1)
+    assert grants(s.request_lease(OWNER, 1, ONE_CPU, requester=W1)) == []
+    commands = s.worker_ready(W2)
+    (g,) = grants(commands)
+    assert (g.req_id, g.worker_id) == (1, W2)
+    assert list(s.idle) == [W1]  # still there for anyone else
+    (other,) = grants(s.request_lease(OTHER, 2, ONE_CPU))
+    assert other.worker_id == W1
+
+
+def test_a_workers_request_waits_for_a_new_worker_when_only_it_is_idle() -> None:
+    s = with_idle(sched(cpus=2, pool=1), W1)
+    commands = s.request_lease(OWNER, 1, ONE_CPU, requester=W1)
+    assert grants(commands) == [] and len(starts(commands)) == 1

@@ -1,4 +1,5 @@
-"""NodeLinks.fence: answered after everything sent before it; never left hanging."""
+"""NodeLinks: fences answered after everything sent before them, never left hanging; the
+other end's answers delivered."""
 
 from __future__ import annotations
 
@@ -32,11 +33,15 @@ class PeerNode:
                 elif isinstance(msg, m.LinkFence):
                     await asyncio.sleep(self.delay)
                     writer.write(frame(m.encode(m.LinkFenced(msg.req_id))))
+                elif isinstance(msg, m.LocateObject):
+                    writer.write(frame(m.encode(m.ObjectLocated(msg.req_id, msg.object_id,
+                                                                NODE))))
         writer.close()
 
 
-def _links() -> NodeLinks:
-    return NodeLinks(make_hello("", "node", b"me" * 8))
+def _links(answers: list[object] | None = None) -> NodeLinks:
+    return NodeLinks(make_hello("", "node", b"me" * 8),
+                     (answers if answers is not None else []).append)
 
 
 def test_a_fence_returns_after_the_messages_sent_before_it_are_handled() -> None:
@@ -81,3 +86,19 @@ def test_forgetting_a_dead_node_releases_its_fences() -> None:
         return pending
 
     assert asyncio.run(scenario()) is True
+
+
+def test_answers_other_than_fences_reach_on_answer() -> None:
+    async def scenario() -> list[object]:
+        peer = PeerNode()
+        server = await asyncio.start_server(peer.serve, "127.0.0.1", 0)
+        answers: list[object] = []
+        links = _links(answers)
+        links.address_known(NODE, f"127.0.0.1:{server.sockets[0].getsockname()[1]}")
+        links.send(NODE, m.LocateObject(7, b"o" * 20, b"c" * 16))
+        await asyncio.wait_for(links.fence(NODE), 5)  # answered after the locate
+        links.close()
+        server.close()
+        return answers
+
+    assert asyncio.run(scenario()) == [m.ObjectLocated(7, b"o" * 20, NODE)]

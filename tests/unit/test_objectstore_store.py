@@ -184,6 +184,7 @@ def test_cancelled_only_waiter_drops_placeholder() -> None:
     store.cancel_waiter(1)
     assert store.stats() == {
         "num_objects": 0,
+        "num_placeholders": 0,
         "used_bytes": 0,
         "capacity": 1000,
         "num_spilled": 0,
@@ -213,6 +214,7 @@ def test_stats_values() -> None:
     store.wait(D, 9)
     assert store.stats() == {
         "num_objects": 3,
+        "num_placeholders": 1,  # D: awaited, not sealed
         "used_bytes": 200,
         "capacity": 250,
         "num_spilled": 1,
@@ -341,3 +343,29 @@ def test_seal_without_holder_is_freed_by_collect_unless_held() -> None:
     deleted = [c.object_id for c in core.collect() if isinstance(c, Delete)]
     assert deleted == [b"lonely"]
     assert core.contains(b"kept") and not core.contains(b"lonely")
+
+
+def test_take_holds_moves_a_placeholders_holders_out_and_keeps_its_waiters() -> None:
+    store = StoreCore(capacity=1000)
+    store.add_holds([A], CLIENT)
+    store.add_holds([A], b"container")
+    store.wait(A, 1)
+    assert store.stats()["num_placeholders"] == 1
+    assert store.take_holds(A) == {CLIENT, b"container"}
+    assert store.take_holds(A) == set()
+    assert store.waiting_on(A)  # still awaited here: woken when pulled and sealed
+    store.release_holder(CLIENT)  # its holds are elsewhere now: nothing here to release
+    assert store.seal(A, 10, b"copy") == [NotifyReady(A, (1,))]
+    store.release_holds([A], b"copy")
+    assert store.collect() == [Delete(A, spilled=False)]
+
+
+def test_take_holds_leaves_a_sealed_object_alone() -> None:
+    store = StoreCore(capacity=1000)
+    store.seal(A, 10, CLIENT)
+    assert store.take_holds(A) == set()
+    store.add_holds([B], CLIENT)
+    assert store.take_holds(B) == {CLIENT}
+    assert store.stats()["num_placeholders"] == 0  # nothing held it or waited: gone
+    store.release_holder(CLIENT)
+    assert store.collect() == [Delete(A, spilled=False)]

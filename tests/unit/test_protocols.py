@@ -37,6 +37,9 @@ def test_the_codec_decodes_every_message_of_every_protocol_and_tags_are_unique()
     m.PushTask(m.TaskSpec(b"t" * 20, b"j" * 4, "f", b"x" * 16, (), (), 1, b"o" * 16)),
     m.RequestLease(3, {"CPU": 1.0}, strategy="SPREAD"),
     m.LinkFence(9),
+    m.LocateObject(4, b"o" * 20, b"c" * 16),
+    m.ObjectLocated(4, b"o" * 20, b"", "gone", owner_died=True),
+    m.ReleaseHolder(b"o" * 20, b"n" * 16),
     m.ActorInfo(1, b"a" * 16, "ALIVE", "unix:/w"),
 ], ids=lambda msg: type(msg).__name__)
 def test_a_message_round_trips_as_its_own_class(msg: m.Msg) -> None:

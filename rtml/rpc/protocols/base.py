@@ -56,6 +56,7 @@ class TaskArg(msgspec.Struct, array_like=True, gc=False):
     value: Payload | None = None
     object_id: bytes = b""
     node_id: bytes = b""  # where the object's primary copy lives
+    owner_id: bytes = b""  # set when the caller borrows it: it may not exist yet
 
 
 class ReturnObject(msgspec.Struct, array_like=True, gc=False):

@@ -4,6 +4,8 @@ gRPC, beside it).
     node manager --AddHolds / ReleaseHolds--> the node holding an object's primary copy
     primary node --ObjectsFreed--> nodes holding copies: drop them
     node manager --LinkFence--> <--LinkFenced: everything sent before it is handled
+    node manager --LocateObject--> the owner's node (a pull found nothing where the ref
+                 said) <--ObjectLocated once it is sealed or placed somewhere, or never
 """
 
 from __future__ import annotations
@@ -26,7 +28,23 @@ class LinkFenced(Msg, tag=73):
     req_id: int
 
 
+class LocateObject(Msg, tag=74):
+    """Node manager -> the node a ref named: where is the object? Answered at once if the
+    receiver knows, else when its owner (a client there) has it made, or dies."""
+    req_id: int
+    object_id: bytes
+    owner_id: bytes
+
+
+class ObjectLocated(Msg, tag=75):
+    req_id: int
+    object_id: bytes
+    node_id: bytes  # where its primary copy is; empty with an error
+    error: str = ""
+    owner_died: bool = False  # the error: its owner died before it existed
+
+
 Message = (
-    ObjectsFreed | LinkFence | LinkFenced
+    ObjectsFreed | LinkFence | LinkFenced | LocateObject | ObjectLocated
 )
 """Every message of this protocol."""

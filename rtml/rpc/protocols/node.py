@@ -103,6 +103,7 @@ class ObjectAvailable(Msg, tag=35):
     req_id: int
     object_id: bytes
     error: str = ""
+    owner_died: bool = False  # the error: its owner died before the value existed
 
 
 class CancelTask(Msg, tag=36):
