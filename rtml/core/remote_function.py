@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import io
+import types
+from collections import ChainMap
 from typing import TYPE_CHECKING, Any
 
 import cloudpickle
@@ -15,6 +18,30 @@ from rtml.scheduler.resources import shape_key, task_shape
 
 if TYPE_CHECKING:
     from rtml.core.runtime import ClientRuntime
+
+
+_CODE_REDUCE = cloudpickle.Pickler.dispatch_table[types.CodeType]
+
+
+def _code_keeping_its_file(code: types.CodeType) -> Any:
+    rebuild, args = _CODE_REDUCE(code)
+    return rebuild, tuple(code.co_filename if arg == "<dynamic-code>" else arg for arg in args)
+
+
+class _CodePickler(cloudpickle.Pickler):
+    """cloudpickle that keeps each code object's file name (cloudpickle 3 writes
+    ``<dynamic-code>``), so a remote traceback names the file and line of the user's
+    function, and shows the line when the file is there."""
+
+    dispatch_table = ChainMap({types.CodeType: _code_keeping_its_file},
+                              cloudpickle.Pickler.dispatch_table)
+
+
+def dumps_code(target: Any) -> bytes:
+    """Pickle a function or class to export it (see ``_CodePickler``)."""
+    buffer = io.BytesIO()
+    _CodePickler(buffer, protocol=5).dump(target)
+    return buffer.getvalue()
 
 
 class Exported:
@@ -34,7 +61,7 @@ class Exported:
         if self._exported_to is rt:
             return self._function_id
         if self._blob is None:
-            self._blob = cloudpickle.dumps(self._target)
+            self._blob = dumps_code(self._target)
             self._function_id = hashlib.sha1(self._blob).digest()
         rt.export_function(self._function_id, self._blob)
         self._exported_to = rt

@@ -143,6 +143,21 @@ def test_task_error_text_has_task_name_pid_and_traceback(tmp_path) -> None:
     assert isinstance(info.value, TaskError)
 
 
+def test_a_remote_traceback_names_the_file_and_line_of_a_function_shipped_by_value() -> None:
+    # Defined inside the test, so it travels by value (cloudpickle), not by module name.
+    @rtml.remote
+    def divide(x: int) -> float:
+        return 1 / x
+
+    line = divide._target.__code__.co_firstlineno + 2  # its ``return`` line
+    with pytest.raises(ZeroDivisionError) as info:
+        rtml.get(divide.remote(0))
+    text = str(info.value)
+    assert f'File "{__file__}", line {line}, in divide' in text
+    assert "return 1 / x" in text  # the source line, read from the file
+    assert "<dynamic-code>" not in text
+
+
 def test_failure_propagates_to_downstream_tasks() -> None:
     failed = raise_value_error.options(max_retries=0).remote("upstream broke 99")
     downstream = plus_one.remote(failed)
