@@ -200,8 +200,7 @@ class ObjectManager:
     def release_holds(self, msg: m.ReleaseHolds) -> None:
         """Drop ``msg.holder``'s holds, wherever they were made (see :meth:`add_holds`)."""
         self._forward_releases(self.remote.release(msg.object_ids, msg.holder))
-        if not msg.node_id or msg.node_id == self.node_id:
-            self.execute(self.store.release_holds(msg.object_ids, msg.holder))
+        self.execute(self.store.release_holds(msg.object_ids, msg.holder))
         self.schedule_collect()
 
     def release_holder(self, holder: bytes, node_id: bytes = b"") -> None:
@@ -273,9 +272,11 @@ class ObjectManager:
         will (their waiters, and the nodes asking where they are, get OwnerDiedError)."""
         why = _owner_died(owner)
         for object_id in [oid for oid, o in self.awaited.items() if o == owner]:
-            del self.awaited[object_id]
-            if self.store.contains(object_id) or self.remote.primary_of(object_id):
+            where = self._where(object_id)
+            if where:
+                self._located(object_id, where)
                 continue
+            del self.awaited[object_id]
             for peer, req_id in self.locating.pop(object_id, ()):
                 peer.send(m.ObjectLocated(req_id, object_id, b"", why, owner_died=True))
             self.execute(self.store.fail_waiters(object_id, why), True)
@@ -366,12 +367,12 @@ class ObjectManager:
         :meth:`answer_locate`), at most ``MAX_ASKS`` times for one wait."""
         if object_id in self.pulls:
             return  # one transfer per object, however many wait for it
-        if owner:
-            self.owners[object_id] = (owner, asks)
         if node_id in self.dead_nodes:
             self.execute(self.store.fail_waiters(
                 object_id, f"its node {node_id.hex()} is dead"))
             return
+        if owner:
+            self.owners[object_id] = (owner, asks)
         address = self.transfer_addresses.get(node_id)
         self.pulls[object_id] = node_id
         if address is None:
@@ -410,6 +411,7 @@ class ObjectManager:
         self.copy_of[object_id] = node_id
         self.table.copied(object_id)
         self.execute(self.store.seal(object_id, size, COPY))
+        self._located(object_id, self.node_id)  # a copy here serves those asking too
 
     # -- serving pulls (called on gRPC threads) ------------------------------------------------
 

@@ -37,6 +37,7 @@ import os
 import pickle
 import struct
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -168,6 +169,19 @@ def unlink_quietly(path: str) -> None:
         pass
 
 
+class _Mapping(mmap.mmap):
+    """A read-only mapping of one segment, with its parsed layout."""
+
+    meta: _Meta
+
+
+_mapped: weakref.WeakValueDictionary[str, _Mapping] = weakref.WeakValueDictionary()
+"""Segments mapped in this process, by path, while any value read from them lives: two
+reads of one object share one mapping (``np.shares_memory`` holds for their arrays, as
+in Ray) and the second costs no ``mmap``. Segments are immutable, so a mapping stays
+right for as long as it lives, even if its file is unlinked meanwhile."""
+
+
 def read_segment(path: str) -> tuple[memoryview, list[memoryview]]:
     """Map the object at ``path`` read-only; returns (in-band bytes, buffers).
 
@@ -175,6 +189,16 @@ def read_segment(path: str) -> tuple[memoryview, list[memoryview]]:
     alive. Raises ``FileNotFoundError`` if the file does not exist and
     ``ObjectLostError`` if it is truncated or corrupt.
     """
+    mm = _mapped.get(path)
+    if mm is None:
+        mm = _map(path)
+    view = memoryview(mm)
+    meta = mm.meta
+    inband = view[meta.inband_offset : meta.inband_offset + meta.inband_length]
+    return inband, [view[off : off + length] for off, length in meta.buffers]
+
+
+def _map(path: str) -> _Mapping:
     fd = os.open(path, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
@@ -183,18 +207,19 @@ def read_segment(path: str) -> tuple[memoryview, list[memoryview]]:
                 f"object file {path} is truncated ({size} bytes); "
                 "the object must be rebuilt or re-fetched"
             )
-        mm = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+        mm = _Mapping(fd, size, prot=mmap.PROT_READ)
     finally:
         os.close(fd)
     view = memoryview(mm)
     try:
-        meta = _parse(view, path)
+        mm.meta = _parse(view, path)
     except ObjectLostError:
         view.release()
         mm.close()
         raise
-    inband = view[meta.inband_offset : meta.inband_offset + meta.inband_length]
-    return inband, [view[off : off + length] for off, length in meta.buffers]
+    view.release()
+    _mapped[path] = mm
+    return mm
 
 
 def _parse(view: memoryview, path: str) -> _Meta:

@@ -107,6 +107,20 @@ def test_wait_returns_ready_in_input_order(cluster: None) -> None:
     assert ready == refs[:1] and not_ready == refs[1:]
 
 
+def test_wait_keeps_input_order_with_puts_between_task_results(cluster: None) -> None:
+    # (Not ``slow``: its measured run time decides how many of its calls are pipelined
+    # to one worker, which the next test relies on.)
+    refs = [uses_custom.remote(), rtml.put(1), uses_custom.remote(), rtml.put(2),
+            uses_custom.remote()]
+    rtml.get([refs[0], refs[2], refs[4]])
+    ready, not_ready = rtml.wait(refs, num_returns=len(refs), timeout=5)
+    assert ready == refs and not_ready == []
+    late = [slow.remote(3.0), rtml.put(3), *refs]
+    ready, not_ready = rtml.wait(late, num_returns=len(late), timeout=0.3)
+    assert ready == late[1:] and not_ready == late[:1]
+    rtml.cancel(late[0])
+
+
 def test_wait_skips_slow_refs(cluster: None) -> None:
     slow_ref = slow.remote(3.0)
     fast = [rtml.put("a"), rtml.put("b")]
@@ -182,6 +196,15 @@ def test_100mb_numpy_array_is_zero_copy_in_driver_and_task(cluster: None) -> Non
     assert path is not None, "driver's array is not backed by a /dev/shm/rtml-* mapping"
     assert got[0] == 0 and got[-1] == n - 1
     assert rtml.get(check_zero_copy.remote(ref, n), timeout=60) is True
+
+
+def test_two_gets_of_one_large_array_share_its_memory(cluster: None) -> None:
+    ref = rtml.put(np.arange(MB, dtype=np.int64))
+    first, second = rtml.get(ref), rtml.get(ref)
+    assert first is not second and np.shares_memory(first, second)  # one mapping, as Ray
+    assert rtml.get(first_and_last.remote(ref)) == (0, MB - 1, False)
+    del first, second
+    assert int(rtml.get(ref)[-1]) == MB - 1  # mapped again once the others are gone
 
 
 def test_pyarrow_table_round_trips(cluster: None) -> None:
