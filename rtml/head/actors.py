@@ -217,6 +217,20 @@ class ActorDirectory:
                 commands += self._kill(actor, reason)
         return commands
 
+    def owner_gone(self, peer: Caller) -> list[Command]:
+        """The connection of a creator closed (its process ended): the actors it created
+        end with it, unless detached (Ray's fate sharing with the owner), pending ones
+        included."""
+        commands: list[Command] = []
+        for actor in list(self.actors.values()):
+            if actor.owner is peer and not actor.spec.detached \
+                    and actor.state is not ActorState.DEAD:
+                actor.owner = None  # nobody left to tell
+                commands += self.kill(actor.spec.actor_id, True, "its owner (the process "
+                                      "that created it) died; create it with "
+                                      "lifetime='detached' to outlive its creator")
+        return commands
+
     def lookup(self, peer: Caller, msg: m.GetActorInfo) -> list[Command]:
         """A caller asks for an actor by id or name; with ``wait_ready`` the answer waits
         until the actor is ALIVE at an address other than ``msg.stale_address``, or DEAD."""

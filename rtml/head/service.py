@@ -99,6 +99,7 @@ class HeadService(Service):
                 self._event("JobFinished", job_id=job_id)
                 self._carry_out(self.actors.job_ended(job_id, "its driver exited"))
                 self.writes.aside(fail_pending_tasks, self.plane, job_id)
+        self._carry_out(self.actors.owner_gone(peer))
 
     def close(self) -> None:
         """Give the queued writes up to CLOSE_TIMEOUT s, then close the control plane

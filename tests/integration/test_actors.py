@@ -682,3 +682,36 @@ def test_kill_without_no_restart_restarts_an_actor_with_restarts_left() -> None:
         time.sleep(0.05)
     assert rtml.get(actor.get.remote(), timeout=60) == 10  # state reset by the constructor
     rtml.kill(actor)
+
+
+@rtml.remote
+class Parent:
+    """Creates actors of its own (it owns them)."""
+
+    def make(self, detached: bool) -> list:
+        options = {"lifetime": "detached", "name": f"orphan-{uuid.uuid4().hex[:8]}"} \
+            if detached else {}
+        self.child = Counter.options(**options).remote(3)
+        return [self.child]
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def test_the_actors_an_actor_creates_end_when_it_dies_unless_detached() -> None:
+    # Ray's fate sharing: an actor's owner is the process that created it. The driver
+    # holds handles to both children here, and that does not keep the first alive.
+    parent = Parent.remote()
+    child = rtml.get(parent.make.remote(False), timeout=60)[0]
+    orphan = rtml.get(parent.make.remote(True), timeout=60)[0]
+    child_pid, orphan_pid = (rtml.get(a.pid.remote(), timeout=60) for a in (child, orphan))
+    assert rtml.get(child.incr.remote(), timeout=60) == 4
+    parent_pid = rtml.get(parent.pid.remote(), timeout=60)
+    os.kill(parent_pid, 9)  # the owner dies for real
+    assert _exits(child_pid)
+    with pytest.raises(ActorDiedError, match="its owner"):
+        rtml.get(child.incr.remote(), timeout=60)
+    assert not _exits(orphan_pid, timeout=1.0)
+    assert rtml.get(orphan.incr.remote(), timeout=60) == 4
+    rtml.kill(orphan)
+    assert _exits(orphan_pid)

@@ -194,6 +194,29 @@ def test_a_job_end_kills_its_actors_but_not_detached_ones() -> None:
     assert d.job_ended(JOB, "its driver exited") == [KillWorker(A, mine.actor_id)]
 
 
+def test_an_owner_gone_ends_the_actors_it_created_pending_ones_too_but_not_detached() -> None:
+    d, nodes = directory()
+    creator, other = Caller(), Caller()
+    placed, detached, theirs = spec(b"1" * 16), spec(b"2" * 16, detached=True), spec(b"3" * 16)
+    d.create(creator, 0, placed, get_if_exists=False)
+    d.create(creator, 0, detached, get_if_exists=False)
+    d.create(other, 0, theirs, get_if_exists=False)
+    nodes.fits = None
+    waiting = spec(b"4" * 16, name="svc", namespace="ns")
+    d.create(creator, 0, waiting, get_if_exists=False)  # no node fits: it waits
+    assert d.pending == [waiting.actor_id]
+    commands = d.owner_gone(creator)
+    assert [c for c in commands if isinstance(c, KillWorker)] == [KillWorker(A, placed.actor_id)]
+    assert d.actors[waiting.actor_id].state is ActorState.DEAD and d.pending == []
+    assert ReleaseName("ns", "svc", waiting.actor_id) in commands
+    assert d.actors[detached.actor_id].state is ActorState.PENDING  # (placed, not started)
+    assert "its owner" in d.actors[placed.actor_id].error
+    assert creator.sent == []  # nobody left to tell
+    assert kinds(d.worker_died(placed.actor_id, "killed")) == ["Record"]  # no restart
+    assert d.actors[placed.actor_id].state is ActorState.DEAD
+    assert d.owner_gone(other) == [KillWorker(A, theirs.actor_id)]
+
+
 def test_an_actor_whose_node_is_gone_dies_at_once_when_killed() -> None:
     d, nodes = directory()
     actor_id = spec().actor_id
