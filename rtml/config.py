@@ -21,6 +21,9 @@ DIE_WITH_PARENT_ENV = "RTML_DIE_WITH_PARENT"
 HEARTBEAT_INTERVAL = 0.5
 DEFAULT_NODE_TIMEOUT = 10.0
 """Seconds without a heartbeat after which the head declares a node dead (RTML_NODE_TIMEOUT_S)."""
+ZYGOTE_REAP = "reap"
+"""The key of the node manager's request (``{"reap": true}``) that its worker zygote end
+what exited workers left running; nothing is written back for it."""
 LEASE_IDLE_TIMEOUT = 0.05
 """Seconds a leased worker may sit idle before the owner hands it back."""
 

@@ -18,6 +18,7 @@ from rtml.exceptions import RtmlSystemError
 log = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 _LIBC = ctypes.CDLL(None, use_errno=True)  # loaded before any fork: a child only makes the call
 
 
@@ -31,6 +32,14 @@ def die_with_parent(parent_pid: int) -> None:
     _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent_pid:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def adopt_orphans() -> None:
+    """Make this process the one its descendants' orphans are reparented to (Linux's
+    child subreaper), instead of init: they can be found, and ended, here."""
+    if _LIBC.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        log.warning("cannot adopt orphaned processes (prctl: %s)",
+                    os.strerror(ctypes.get_errno()))
 
 
 def die_with_launcher() -> None:

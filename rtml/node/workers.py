@@ -2,7 +2,7 @@
 
     WorkerLauncher.spawn(worker_id, config) --request--> zygote --fork--> worker
                                             <--pid------
-    pidfd readable (the worker exited) --> on_exit(worker)
+    pidfd readable (the worker exited) --> on_exit(worker); the zygote kills what it left
 
 The zygote is started by the process's entry (``rtml.node.main``) before the node
 manager's imports, and adopted here.
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rtml.config import WorkerConfig
+from rtml.config import ZYGOTE_REAP, WorkerConfig
 from rtml.exceptions import RtmlSystemError
 
 log = logging.getLogger(__name__)
@@ -49,6 +49,9 @@ class WorkerProc:
         if self.pidfd >= 0 and not self.gone:
             with contextlib.suppress(ProcessLookupError):
                 signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+
+
+REAP_REQUEST = (json.dumps({ZYGOTE_REAP: True}) + "\n").encode()
 
 
 class WorkerLauncher:
@@ -105,6 +108,9 @@ class WorkerLauncher:
         asyncio.get_running_loop().remove_reader(pidfd)
         worker.pidfd = -1
         os.close(pidfd)
+        requests = self._requests
+        if requests is not None and not requests.is_closing():
+            requests.write(REAP_REQUEST)  # what it started dies with it, as in Ray
         self._report(worker, "process exited")
 
     def _report(self, worker: WorkerProc, reason: str) -> None:

@@ -697,6 +697,9 @@ class Parent:
     def pid(self) -> int:
         return os.getpid()
 
+    def spawn(self) -> int:
+        return subprocess.Popen(["sleep", "300"]).pid
+
 
 def test_the_actors_an_actor_creates_end_when_it_dies_unless_detached() -> None:
     # Ray's fate sharing: an actor's owner is the process that created it. The driver
@@ -715,3 +718,24 @@ def test_the_actors_an_actor_creates_end_when_it_dies_unless_detached() -> None:
     assert rtml.get(orphan.incr.remote(), timeout=60) == 4
     rtml.kill(orphan)
     assert _exits(orphan_pid)
+
+
+
+
+@rtml.remote(max_retries=0)
+def start_child_and_crash(pid_file: str) -> None:
+    child = subprocess.Popen(["sleep", "300"])
+    Path(pid_file).write_text(str(child.pid))
+    os._exit(1)  # no cleanup of any kind runs in the worker
+
+
+def test_processes_a_worker_started_die_with_it(tmp_path: Path) -> None:
+    parent = Parent.remote()
+    started = rtml.get(parent.spawn.remote(), timeout=60)
+    assert not _exits(started, timeout=0.5)
+    rtml.kill(parent)
+    assert _exits(started)
+    pid_file = tmp_path / "child"
+    with pytest.raises(rtml.exceptions.WorkerCrashedError):
+        rtml.get(start_child_and_crash.remote(str(pid_file)), timeout=60)
+    assert _exits(int(pid_file.read_text()))
