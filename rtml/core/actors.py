@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from rtml.core import context
 from rtml.core.arguments import build_args
 from rtml.core.calls import submit_call
-from rtml.core.object_ref import ObjectRef
+from rtml.core.object_ref import ObjectRef, borrow
 from rtml.core.options import ACTOR_OPTIONS, METHOD_OPTIONS, check_options, strategy_of
 from rtml.core.remote_function import Exported
 from rtml.core.serialization import recording_contained, serialize
@@ -96,17 +96,19 @@ class ActorClass(Exported):
             namespace=options.get("namespace") or rt.config.namespace,
             detached=options.get("lifetime") == "detached", sys_paths=rt.sys_paths,
             strategy=strategy_of(options))
-        life = None if spec.name or spec.detached else rt.owner.lives.make(spec.actor_id)
+        life = None if spec.detached else rt.owner.lives.make(spec.actor_id)
+        if life is not None:
+            spec.life_id, spec.owner_node = life.id, rt.node_id
+            if spec.name:  # anyone may get a handle by its name: shared at once
+                rt.refs.escaped(life)
         handle = ActorHandle(spec.actor_id, self.__name__, _method_meta(self._cls),
                              spec.max_task_retries, life, self._method_checks)
         for _, ref in built.pending:
             # The actor's worker reads these from shared memory, waiting until they exist.
             rt.refs.escaped(ref)
         existing = _send_create(rt, spec, options)
-        if existing is not None:
-            return ActorHandle(existing.actor_id, self.__name__, handle._methods,
-                               existing.spec.max_task_retries if existing.spec else 0,
-                               None, self._method_checks)
+        if existing is not None and existing.spec is not None:  # get_if_exists found it
+            return handle_of(existing.spec, self._cls)
         rt.owner.caller(spec.actor_id, spec.max_task_retries).keep_alive = built.keep_alive
         return handle
 
@@ -135,9 +137,12 @@ def _method_meta(cls: type) -> dict[str, int]:
 
 
 def handle_of(spec: m.ActorSpec, cls: type) -> ActorHandle:
-    """A handle to the actor of ``spec``, whose class is ``cls`` (``rtml.get_actor``)."""
+    """A handle to the actor of ``spec``, whose class is ``cls`` (``rtml.get_actor``),
+    holding its life as any other handle does (a named actor ends when the last handle
+    goes, as in Ray, unless detached)."""
+    life = borrow(spec.life_id, spec.owner_id, spec.owner_node) if spec.life_id else None
     return ActorHandle(spec.actor_id, spec.class_name, _method_meta(cls),
-                       spec.max_task_retries, None, _method_checks(cls))
+                       spec.max_task_retries, life, _method_checks(cls))
 
 
 def _method_checks(cls: type) -> dict[str, CallCheck]:

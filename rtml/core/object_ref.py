@@ -59,9 +59,9 @@ class ObjectRef:
     def __reduce__(self) -> tuple[Any, ...]:
         serialization.note_contained(self)
         if _counter is None:
-            return (_rebuild, (self.id, self.owner))
+            return (borrow, (self.id, self.owner))
         _counter.escaped(self)
-        return (_rebuild, (self.id, self.owner, _counter.location_of(self.id)))
+        return (borrow, (self.id, self.owner, _counter.location_of(self.id)))
 
     def future(self) -> concurrent.futures.Future[Any]:
         """A ``concurrent.futures.Future`` resolved with this object's value."""
@@ -71,8 +71,9 @@ class ObjectRef:
         return asyncio.wrap_future(self.future()).__await__()
 
 
-def _rebuild(object_id: bytes, owner: bytes, node_id: bytes = b"") -> ObjectRef:
-    """Unpickle a ref; ``node_id`` is where its primary copy lived when it was pickled."""
+def borrow(object_id: bytes, owner: bytes, node_id: bytes = b"") -> ObjectRef:
+    """A ref to another process's object, held here as its borrower (how a ref is
+    unpickled); ``node_id``: where its primary copy lived when the ref was made."""
     ref = ObjectRef(object_id, owner)
     if _counter is not None:
         _counter.borrowed(ref, node_id)

@@ -421,19 +421,6 @@ def test_a_method_keeps_its_actor_alive_like_a_handle() -> None:
     assert _exits(pid)
 
 
-def test_named_and_detached_actors_outlive_their_handle() -> None:
-    # Both are found again by name: neither ends with its creator's handle.
-    names = [f"kept-{uuid.uuid4().hex[:8]}" for _ in range(2)]
-    named = Counter.options(name=names[0]).remote()
-    detached = Counter.options(name=names[1], lifetime="detached").remote()
-    pids = [rtml.get(h.pid.remote(), timeout=60) for h in (named, detached)]
-    del named, detached
-    time.sleep(1.0)
-    assert [_exits(pid, timeout=0.1) for pid in pids] == [False, False]
-    for name in names:
-        rtml.kill(rtml.get_actor(name))
-
-
 def test_an_actor_lent_to_a_task_ends_when_the_task_and_the_creator_are_done() -> None:
     # Each actor holds one of the 2 CPUs while it lives: were any kept after its handles
     # were gone, the third would never be placed.
@@ -739,3 +726,30 @@ def test_processes_a_worker_started_die_with_it(tmp_path: Path) -> None:
     with pytest.raises(rtml.exceptions.WorkerCrashedError):
         rtml.get(start_child_and_crash.remote(str(pid_file)), timeout=60)
     assert _exits(int(pid_file.read_text()))
+
+
+@rtml.remote
+def incr_named(name: str) -> int:
+    return rtml.get(rtml.get_actor(name).incr.remote(), timeout=60)
+
+
+def test_a_named_actor_ends_when_its_last_handle_goes_unless_detached() -> None:
+    # As in Ray: a name does not keep an actor alive; handles from get_actor do.
+    name, kept = f"scoped-{uuid.uuid4().hex[:8]}", f"kept-{uuid.uuid4().hex[:8]}"
+    actor = Counter.options(name=name).remote(1)
+    pid = rtml.get(actor.pid.remote(), timeout=60)
+    assert rtml.get(incr_named.remote(name), timeout=60) == 2  # found (and let go) in a task
+    found = rtml.get_actor(name)
+    del actor
+    assert not _exits(pid, timeout=1.0)  # the handle get_actor gave holds it
+    assert rtml.get(found.incr.remote(), timeout=60) == 3
+    del found
+    assert _exits(pid)
+    with pytest.raises(ValueError, match="no live actor named"):
+        rtml.get_actor(name)
+    detached = Counter.options(name=kept, lifetime="detached").remote(5)
+    detached_pid = rtml.get(detached.pid.remote(), timeout=60)
+    del detached
+    assert not _exits(detached_pid, timeout=1.0)
+    rtml.kill(rtml.get_actor(kept))
+    assert _exits(detached_pid)

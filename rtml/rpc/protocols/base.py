@@ -102,6 +102,8 @@ class ActorSpec(msgspec.Struct, array_like=True, gc=False):
     detached: bool = False
     sys_paths: list[str] = []
     strategy: str = ""  # as RequestLease.strategy
+    life_id: bytes = b""  # the object every handle holds (see ActorLives); "" if detached
+    owner_node: bytes = b""  # where the owner, and so the life object, is
 
 
 Handshake = Hello | HelloReply
