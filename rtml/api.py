@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+import uuid
 from itertools import repeat
 from operator import attrgetter
 from pathlib import Path
@@ -77,8 +78,10 @@ def init(address: str | None = None, *, num_cpus: float | None = None,
             head_address, nm_address = _embedded.head_address, _embedded.nm_address
         else:
             session, head_address, nm_address, token = _join_info(address, token, _node_id)
-        rt = _connect(session, head_address, nm_address, token, namespace or "",
-                      bool(log_to_driver))
+        # As Ray: a job given no namespace gets an anonymous one of its own, where its
+        # named actors are found (and no other job's are).
+        rt = _connect(session, head_address, nm_address, token,
+                      namespace or f"anonymous-{uuid.uuid4()}", bool(log_to_driver))
         context.set_runtime(rt)
         _defer_ctrl_c(rt)
         _context = InitContext({"address": head_address, "node_id": rt.node_id.hex(),
@@ -308,11 +311,13 @@ def get_actor(name: str, namespace: str | None = None) -> ActorHandle:
     if namespace is not None and not isinstance(namespace, str):
         raise TypeError(f"get_actor()'s namespace must be a str or None, got {namespace!r}")
     rt = context.require_runtime()
-    ns = rt.config.namespace if namespace is None else namespace
+    ns = rt.config.namespace if namespace is None else namespace  # a worker's: its job's
+    job_id = rt.job_id or context.current_job()
     info: m.ActorInfo = rt.request(rt.head, lambda req_id: m.GetActorInfo(
-        req_id, b"", name=name, namespace=ns, wait_ready=False))
+        req_id, b"", name=name, namespace=ns, wait_ready=False, job_id=job_id))
     if info.state in ("MISSING", "DEAD") or info.spec is None:
-        raise ValueError(f"no live actor named {name!r} in namespace {ns!r}")
+        where = f"namespace {ns!r}" if ns else "this job's namespace"
+        raise ValueError(f"no live actor named {name!r} in {where}")
     return _handle_from_spec(rt, info.spec)
 
 

@@ -73,6 +73,7 @@ class HeadService(Service):
         self.sched = pl.GlobalScheduler()
         self.actors = ad.ActorDirectory(self._actor_node, self._node_alive)
         self.jobs: dict[bytes, Peer] = {}
+        self.namespaces: dict[bytes, str] = {}  # every job's, also once it ended
         self.stopped = asyncio.Event()
 
     def on_hello(self, peer: Peer, hello: m.Hello) -> m.HelloReply:
@@ -205,6 +206,7 @@ class HeadService(Service):
 
     def _register_job(self, peer: Peer, msg: m.RegisterJob) -> None:
         self.jobs[msg.job_id] = peer
+        self.namespaces[msg.job_id] = msg.namespace
         self.writes.write(self.plane.put_job, msg.job_id, {
             "pid": msg.pid, "namespace": msg.namespace, "cwd": msg.cwd,
             "start_ts": time.time(), "status": "RUNNING"})
@@ -228,6 +230,8 @@ class HeadService(Service):
     # -- actors ------------------------------------------------------------------------------
 
     def _create_actor(self, peer: Peer, msg: m.CreateActor) -> None:
+        if not msg.spec.namespace:  # created by a task or an actor: in its job's namespace
+            msg.spec.namespace = self.namespaces.get(msg.spec.job_id, "")
         self._carry_out(self.actors.create(peer, msg.req_id, msg.spec, msg.get_if_exists))
 
     def _actor_node(self, spec: m.ActorSpec) -> bytes | None:
@@ -256,6 +260,8 @@ class HeadService(Service):
         self._carry_out(self.actors.kill(msg.actor_id, msg.no_restart, msg.reason))
 
     def _get_actor(self, peer: Peer, msg: m.GetActorInfo) -> None:
+        if msg.name and not msg.namespace:  # asked from a task or an actor: its job's
+            msg.namespace = self.namespaces.get(msg.job_id, "")
         self._carry_out(self.actors.lookup(peer, msg))
 
     def _carry_out(self, commands: list[ad.Command]) -> None:

@@ -60,7 +60,7 @@ def _run(head: Head, body: str) -> list[str]:
 
 def test_detached_actor_outlives_its_driver_and_keeps_state(head: Head) -> None:
     first = _run(head, """
-rtml.init(address="auto")
+rtml.init(address="auto", namespace="kept")
 keeper = Keeper.options(name="keeper", lifetime="detached").remote()
 print(len(rtml.get(keeper.add.remote("kept"))))
 temp = Keeper.options(name="temp").remote()
@@ -69,7 +69,7 @@ rtml.shutdown()
 """)
     assert first == ["1", "1"]
     second = _run(head, """
-rtml.init(address="auto")
+rtml.init(address="auto", namespace="kept")
 keeper = rtml.get_actor("keeper")
 print(",".join(rtml.get(keeper.items_.remote())))
 print("temp-gone" if gone_within("temp", 5.0) else "temp-alive")
@@ -113,6 +113,36 @@ print(",".join(rtml.get(theirs.items_.remote())))
 rtml.shutdown()
 """)
     assert in_b == ["absent-in-b", "1", "2", "duplicate-refused", "a"]
+
+
+def test_a_job_without_a_namespace_gets_an_anonymous_one_of_its_own(head: Head) -> None:
+    # As Ray: its named actors are found by its own tasks and actors, and by no other job.
+    first = _run(head, """
+rtml.init(address="auto")
+ns = rtml.get_runtime_context().namespace
+print(ns.startswith("anonymous-") and len(ns) > 20)
+mine = Keeper.options(name="mine", lifetime="detached").remote()
+rtml.get(mine.add.remote("x"))
+
+@rtml.remote
+def find():
+    return len(rtml.get(rtml.get_actor("mine").add.remote("from a task")))
+
+print(rtml.get(find.remote()))
+print(ns)
+""")
+    assert first[:2] == ["True", "2"]
+    second = _run(head, f"""
+rtml.init(address="auto")
+try:
+    rtml.get_actor("mine")
+    print("visible")
+except ValueError:
+    print("absent")
+print(len(rtml.get(rtml.get_actor("mine", namespace={first[2]!r}).add.remote("y"))))
+rtml.kill(rtml.get_actor("mine", namespace={first[2]!r}))
+""")
+    assert second == ["absent", "3"]
 
 
 def test_pool_replaces_a_crashed_worker(head: Head) -> None:

@@ -205,7 +205,7 @@ def test_nested_refs_carry_their_location(three_nodes) -> None:
 
 def test_remote_actor_called_from_two_drivers(three_nodes) -> None:
     cluster, _, node2, node3 = three_nodes
-    counter = Counter.options(name="shared", resources={"foo": 1}).remote()
+    counter = Counter.options(name="shared", namespace="both", resources={"foo": 1}).remote()
     assert rtml.get(counter.node.remote()) == node2.node_id
     assert rtml.get(counter.add.remote(1)) == 1
     script = (
@@ -213,7 +213,7 @@ def test_remote_actor_called_from_two_drivers(three_nodes) -> None:
         f"rtml.init(address={cluster.address!r}, token={cluster.token!r}, "
         f"_node_id={node3.node_id!r})\n"
         "assert rtml.get_runtime_context().get_node_id() == " + repr(node3.node_id) + "\n"
-        "c = rtml.get_actor('shared')\n"
+        "c = rtml.get_actor('shared', namespace='both')\n"
         "print(rtml.get([c.add.remote(10) for _ in range(3)])[-1])\n"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,

@@ -92,6 +92,7 @@ class GetActorInfo(Msg, tag=54):
     namespace: str = ""
     wait_ready: bool = True
     stale_address: str = ""  # wait for an address other than this one (a restart)
+    job_id: bytes = b""  # a name without a namespace is looked up in this job's
 
 
 class ActorInfo(Msg, tag=55):
