@@ -46,6 +46,9 @@ class InitContext:
 
 _context: InitContext | None = None
 
+OUTPUT_FLUSH_TIMEOUT = 2.0
+"""Seconds ``shutdown`` waits for what the job's workers printed to arrive."""
+
 
 def init(address: str | None = None, *, num_cpus: float | None = None,
          num_gpus: float | None = None, resources: dict[str, float] | None = None,
@@ -186,6 +189,8 @@ def shutdown() -> None:
     with _init_lock:
         rt = context.get_runtime()
         if rt is not None:
+            if rt.config.log_to_driver:
+                rt.flush_output(OUTPUT_FLUSH_TIMEOUT)  # the last prints of its tasks
             context.set_runtime(None)
             rt.close()
         _restore_ctrl_c()

@@ -142,6 +142,15 @@ class ClientRuntime:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
+    def flush_output(self, timeout: float) -> None:
+        """Wait (up to ``timeout`` s) until what workers printed so far for this job has
+        been printed here: a driver's last step before it leaves. A head that does not
+        answer in time is given up on (the prints still on their way are lost)."""
+        try:
+            self.request(self.head, lambda req_id: m.FlushOutput(req_id), timeout)
+        except (GetTimeoutError, OSError, RtmlSystemError) as exc:
+            log.info("workers' last prints may be lost: %s", exc)
+
     def close(self) -> None:
         """Drop connections; owned objects die with the connection to the node manager."""
         if self.closed:
@@ -308,7 +317,7 @@ class ClientRuntime:
         if isinstance(msg, m.ActorInfo) and not msg.req_id:  # an actor we created is DEAD
             with self.lock:
                 self.owner.actor_ended(msg.actor_id, msg.error or "the actor is DEAD")
-        elif isinstance(msg, (m.ActorInfo, m.ClusterInfo)):
+        elif isinstance(msg, (m.ActorInfo, m.ClusterInfo, m.OutputFlushed)):
             self._deliver_reply(msg.req_id, msg)
         elif isinstance(msg, m.WorkerOutput):
             if self.config.log_to_driver:

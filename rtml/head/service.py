@@ -7,6 +7,7 @@
     drivers --CreateActor--> ActorDirectory (rtml.head.actors) --StartActor--> node manager
                              <--ActorStarted / ActorWorkerDied-- restart or mark DEAD
     callers --GetActorInfo--> answered when the actor is ALIVE (at a new address) or DEAD
+    driver --FlushOutput--> every node manager --> OutputFlushed to the driver once all did
     driver disconnects --> its job ends; its non-detached actors are killed; its tasks
                            still PENDING are recorded FAILED (at job end only)
 
@@ -74,6 +75,8 @@ class HeadService(Service):
         self.actors = ad.ActorDirectory(self._actor_node, self._node_alive)
         self.jobs: dict[bytes, Peer] = {}
         self.namespaces: dict[bytes, str] = {}  # every job's, also once it ended
+        self.output_fences: dict[int, tuple[Peer, int, set[bytes]]] = {}  # see _flush_output
+        self._fence_ids = 0
         self.stopped = asyncio.Event()
 
     def on_hello(self, peer: Peer, hello: m.Hello) -> m.HelloReply:
@@ -167,6 +170,8 @@ class HeadService(Service):
                 other.peer.send(notice)
         self._broadcast_nodes()
         self._carry_out(self.actors.node_died(node_id, reason))
+        for fence in list(self.output_fences):  # it will not answer
+            self._output_flushed_by(fence, node_id)
 
     # -- spilled lease requests (the global scheduler) ---------------------------------------
 
@@ -211,6 +216,29 @@ class HeadService(Service):
             "pid": msg.pid, "namespace": msg.namespace, "cwd": msg.cwd,
             "start_ts": time.time(), "status": "RUNNING"})
         self._event("JobStarted", job_id=msg.job_id, pid=msg.pid, namespace=msg.namespace)
+
+    def _flush_output(self, peer: Peer, msg: m.FlushOutput) -> None:
+        """A driver about to leave: answered once every node manager has answered a
+        flush of its own, so the prints its workers sent before are forwarded ahead."""
+        self._fence_ids += 1
+        waiting = {node_id for node_id, node in self.nodes.items() if node.alive}
+        self.output_fences[self._fence_ids] = (peer, msg.req_id, waiting)
+        for node_id in waiting:
+            self.nodes[node_id].peer.send(m.FlushOutput(self._fence_ids))
+        self._output_flushed_by(self._fence_ids, b"")
+
+    def _output_flushed(self, peer: Peer, msg: m.OutputFlushed) -> None:
+        self._output_flushed_by(msg.req_id, msg.node_id)
+
+    def _output_flushed_by(self, fence: int, node_id: bytes) -> None:
+        entry = self.output_fences.get(fence)
+        if entry is None:
+            return
+        driver, req_id, waiting = entry
+        waiting.discard(node_id)
+        if not waiting:
+            del self.output_fences[fence]
+            driver.send(m.OutputFlushed(req_id))
 
     def _output(self, peer: Peer, msg: m.WorkerOutput) -> None:
         """Worker prints, from any node, go to the driver of the job that printed them."""
@@ -304,7 +332,8 @@ class HeadService(Service):
         m.ActorWorkerDied: _actor_died, m.KillActor: _kill_actor,
         m.GetActorInfo: _get_actor, m.NodeTransferReady: _transfer_ready,
         m.SpillLease: _spill_lease, m.WorkerOutput: _output,
-        m.CancelLeaseRequest: _spill_withdrawn,
+        m.CancelLeaseRequest: _spill_withdrawn, m.FlushOutput: _flush_output,
+        m.OutputFlushed: _output_flushed,
     }
 
 

@@ -207,6 +207,8 @@ class NodeManager(Service):
             self.objects.node_died(msg.node_id, msg.reason)
             for peer in self.clients:
                 peer.send(msg)
+        elif isinstance(msg, m.FlushOutput):  # after every print forwarded before it
+            self.head.send(m.OutputFlushed(msg.req_id, self.node_id))
         elif isinstance(msg, m.Shutdown):
             self.stopped.set()
 

@@ -199,8 +199,14 @@ class ObjectManager:
 
     def release_holds(self, msg: m.ReleaseHolds) -> None:
         """Drop ``msg.holder``'s holds, wherever they were made (see :meth:`add_holds`)."""
-        self._forward_releases(self.remote.release(msg.object_ids, msg.holder))
-        self.execute(self.store.release_holds(msg.object_ids, msg.holder))
+        remote = self.remote
+        if len(remote) and any(remote.holds(oid, msg.holder) for oid in msg.object_ids):
+            held = {oid for oid in msg.object_ids if remote.holds(oid, msg.holder)}
+            self._forward_releases(remote.release(held, msg.holder))
+            here = [oid for oid in msg.object_ids if oid not in held]
+        else:
+            here = msg.object_ids
+        self.execute(self.store.release_holds(here, msg.holder))
         self.schedule_collect()
 
     def release_holder(self, holder: bytes, node_id: bytes = b"") -> None:
@@ -351,6 +357,10 @@ class ObjectManager:
             self.execute(self.store.fail_waiters(object_id, why))
         for holders in self.copies.values():
             holders.discard(node_id)
+        orphaned = [oid for oid, primary in self.copy_of.items() if primary == node_id]
+        for object_id in orphaned:  # no ObjectsFreed will come: ours live while held here
+            del self.copy_of[object_id]
+        self.execute(self.store.release_holds(orphaned, COPY))
         self.release_holder(node_id)
 
     def objects_freed(self, object_ids: list[bytes]) -> None:
@@ -365,8 +375,8 @@ class ObjectManager:
     def _pull(self, object_id: bytes, node_id: bytes, owner: bytes = b"", asks: int = 0) -> None:
         """Pull the object from ``node_id``; one not there is asked for there (see
         :meth:`answer_locate`), at most ``MAX_ASKS`` times for one wait."""
-        if object_id in self.pulls:
-            return  # one transfer per object, however many wait for it
+        if object_id in self.pulls or object_id in self.asked:
+            return  # one transfer (or question) per object, however many wait for it
         if node_id in self.dead_nodes:
             self.execute(self.store.fail_waiters(
                 object_id, f"its node {node_id.hex()} is dead"))

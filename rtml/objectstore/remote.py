@@ -29,6 +29,9 @@ class RemoteHolds:
         """Objects held here for local holders."""
         return len(self._holders)
 
+    def holds(self, object_id: bytes, holder: bytes) -> bool:
+        return holder in self._holders.get(object_id, ())
+
     def primary_of(self, object_id: bytes) -> bytes | None:
         return self._primary.get(object_id)
 

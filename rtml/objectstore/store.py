@@ -48,6 +48,9 @@ __all__ = [
     "StoreCore",
 ]
 
+RELEASED_EARLY_KEPT = 65_536
+"""Releases remembered that came before their object's seal (oldest forgotten first)."""
+
 SEALED = "SEALED"
 SPILLED = "SPILLED"
 RESTORING = "RESTORING"
@@ -122,6 +125,9 @@ class StoreCore:
         self._held_by: dict[bytes, set[bytes]] = {}  # holder -> object ids
         self._waiting: dict[int, set[bytes]] = {}  # waiter id -> object ids
         self._candidates: dict[bytes, None] = {}  # ordered set of deletion candidates
+        self._released_early: OrderedDict[tuple[bytes, bytes], None] = OrderedDict()
+        """(object, holder) released before the seal naming that holder arrived: the seal
+        must not hold it for them (a seal and a release come on different connections)."""
         self._tick = itertools.count(1)
 
     # ---- queries -------------------------------------------------------------
@@ -167,6 +173,8 @@ class StoreCore:
         :meth:`collect` frees it.
         """
         entry = self._entries.setdefault(object_id, _Entry())
+        if holder and self._released_early.pop((object_id, holder), True) is None:
+            holder = b""  # its holder let go of it already
         if holder:
             self._hold(object_id, entry, holder)
         else:
@@ -272,6 +280,7 @@ class StoreCore:
         for object_id in object_ids:
             entry = self._entries.setdefault(object_id, _Entry())
             self._hold(object_id, entry, holder)
+            self._released_early.pop((object_id, holder), None)  # held again: the seal may
         return []
 
     def take_holds(self, object_id: bytes) -> set[bytes]:
@@ -290,7 +299,9 @@ class StoreCore:
         return holders
 
     def release_holds(self, object_ids: Iterable[bytes], holder: bytes) -> list[Command]:
-        """``holder`` drops each object; unknown holds are ignored. Returns [] (see collect)."""
+        """``holder`` drops each object. A hold on an object not sealed here yet is taken as
+        released early: a later seal naming that holder does not hold it. Other unknown
+        holds are ignored. Returns [] (see collect)."""
         for object_id in object_ids:
             self._unhold(object_id, holder)
         return []
@@ -330,6 +341,10 @@ class StoreCore:
     def _unhold(self, object_id: bytes, holder: bytes) -> None:
         entry = self._entries.get(object_id)
         if entry is None or holder not in entry.holders:
+            if entry is None or entry.state is None:  # the seal naming it may be on its way
+                self._released_early[(object_id, holder)] = None
+                if len(self._released_early) > RELEASED_EARLY_KEPT:
+                    self._released_early.popitem(last=False)
             return
         entry.holders.discard(holder)
         held = self._held_by.get(holder)

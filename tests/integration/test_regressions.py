@@ -329,3 +329,32 @@ def test_worker_prints_reach_the_driver_prefixed_with_the_pid(
             break
         time.sleep(0.05)
     assert all(line in seen.splitlines() for line in expected), seen
+
+
+def test_what_tasks_and_actors_print_just_before_the_driver_ends_reaches_it() -> None:
+    # Prints travel worker -> node manager -> head -> driver, behind the result (which
+    # goes straight to the driver): shutdown waits for them, also at interpreter exit.
+    script = """
+import rtml
+rtml.init(num_cpus=1)
+
+@rtml.remote
+def last_words(i):
+    print("task says", i)
+    return i
+
+@rtml.remote
+class Speaker:
+    def say(self, text):
+        print("actor says", text)
+
+speaker = Speaker.remote()
+rtml.get([last_words.remote(i) for i in range(3)] + [speaker.say.remote("bye")])
+"""
+    for _ in range(3):
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr
+        said = sorted(line.split(") ", 1)[1] for line in out.stdout.splitlines()
+                      if line.startswith("(pid="))
+        assert said == ["actor says bye", "task says 0", "task says 1", "task says 2"], out

@@ -432,3 +432,39 @@ def test_a_wait_on_a_dead_nodes_object_leaves_no_owner_behind(tmp_path: Path) ->
         assert manager.owners == {}
 
     asyncio.run(scenario())
+
+
+def test_copies_of_a_dead_nodes_objects_are_freed_once_unheld(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        manager, _ = _manager(tmp_path)
+        for object_id in (X, Y):  # pulled from B: held here as copies
+            manager.copy_of[object_id] = B
+            manager.store.seal(object_id, 10, b"copy")
+        manager.add_holds(m.AddHolds([Y], H1))  # a reader here still holds Y
+        manager.node_died(B, "killed")
+        manager._collect()
+        assert not manager.store.contains(X) and manager.store.contains(Y)
+        assert manager.copy_of == {}
+        manager.release_holds(m.ReleaseHolds([Y], H1))
+        manager._collect()
+        assert not manager.store.contains(Y)
+
+    asyncio.run(scenario())
+
+
+def test_holds_learned_while_asking_where_start_no_second_pull(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def scenario() -> None:
+        manager, links = _manager(tmp_path)
+        started = _record_pulls(manager, monkeypatch)
+        waiter = FakePeer()
+        manager.wait(waiter, set(), m.WaitObject(1, X, OWNER, B))
+        manager._pulled(X, B, _not_found(manager))  # not there yet: B is asked where
+        assert X in manager.asked and len(started) == 1
+        manager.add_holds(m.AddHolds([X], H1, B))  # a borrower's hold naming B, meanwhile
+        assert len(started) == 1 and waiter.sent == []  # the answer decides, not this hold
+        (ask,) = [msg for _, msg in links.sent if isinstance(msg, m.LocateObject)]
+        manager.located(m.ObjectLocated(ask.req_id, X, C))
+        assert started[-1][:2] == (X, C)
+
+    asyncio.run(scenario())

@@ -369,3 +369,26 @@ def test_take_holds_leaves_a_sealed_object_alone() -> None:
     assert store.stats()["num_placeholders"] == 0  # nothing held it or waited: gone
     store.release_holder(CLIENT)
     assert store.collect() == [Delete(A, spilled=False)]
+
+
+def test_a_release_that_overtakes_its_seal_is_not_undone_by_it() -> None:
+    # A worker seals its result for the owner on one connection; the owner, done with
+    # it, releases on another: the release may come first.
+    store = StoreCore(capacity=1000)
+    store.release_holds([A], CLIENT)
+    store.seal(A, 10, CLIENT)
+    assert store.collect() == [Delete(A, spilled=False)]
+    # Released early, then held again (a new borrow): the seal then holds it.
+    store.release_holds([B], CLIENT)
+    store.add_holds([B], CLIENT)
+    store.seal(B, 10, CLIENT)
+    assert store.collect() == []
+    store.release_holds([B], CLIENT)
+    assert store.collect() == [Delete(B, spilled=False)]
+    # A release of a sealed object's unknown hold remembers nothing.
+    store.seal(C, 10, OTHER)
+    store.release_holds([C], CLIENT)
+    store.release_holds([C], OTHER)
+    assert store.collect() == [Delete(C, spilled=False)]
+    store.seal(C, 10, CLIENT)  # (sealed again: a retried task's result)
+    assert store.collect() == []

@@ -7,6 +7,9 @@ service.
     node manager <--StartActor / KillActorWorker-- --ActorStarted / ActorWorkerDied-->
     client --RegisterJob / CreateActor / GetActorInfo / KillActor / GetClusterInfo-->
            <--ActorInfo / ClusterInfo / NodeDied / WorkerOutput (its job's prints)
+    driver --FlushOutput--> head --FlushOutput--> every node manager
+           <--OutputFlushed-- (once each node manager's OutputFlushed came back: every
+                              print its workers sent before is delivered ahead of it)
 """
 
 from __future__ import annotations
@@ -168,10 +171,19 @@ class Shutdown(Msg, tag=63):
     pass
 
 
+class FlushOutput(Msg, tag=76):
+    req_id: int
+
+
+class OutputFlushed(Msg, tag=77):
+    req_id: int
+    node_id: bytes = b""  # the node manager answering the head
+
+
 Message = (
     RegisterNode | NodeTransferReady | NodeTable | NodeDied | SpillLease | LeasePlaced |
     NodeHeartbeat | RegisterJob | CreateActor | GetActorInfo | ActorInfo | KillActor |
     StartActor | ActorStarted | ActorWorkerDied | KillActorWorker | GetClusterInfo |
-    ClusterInfo | Shutdown
+    ClusterInfo | Shutdown | FlushOutput | OutputFlushed
 )
 """Every message of this protocol."""
