@@ -23,6 +23,7 @@ import contextlib
 import logging
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,9 @@ COPY = b"copy"
 MAX_ASKS = 3
 """Times one wait asks where an object is after pulls found nothing (a ref names its owner's
 node; that node may name another, which has it)."""
+
+LOST_KEPT = 65_536
+"""Objects remembered as lost with their node (oldest forgotten first)."""
 
 GONE_CLIENTS_KEPT = 10_000
 """Disconnected client ids remembered, so late seals on their behalf hold nothing."""
@@ -145,6 +149,7 @@ class ObjectManager:
         self.owners: dict[bytes, tuple[bytes, int]] = {}  # object pulled -> (owner, asks so far)
         self.asked: dict[bytes, tuple[bytes, bytes, int]] = {}  # object -> (node asked, owner,
         self._locate_ids = 0                                 #            asks so far)
+        self.lost: OrderedDict[bytes, str] = OrderedDict()  # primary died with its node: why
         self.background: set[asyncio.Future[Any]] = set()
         self.transfer: Any = None
         self.loop = asyncio.get_running_loop()
@@ -250,6 +255,8 @@ class ObjectManager:
         primary = self.remote.primary_of(object_id) or msg.node_id
         if primary and primary != self.node_id:
             self._pull(object_id, primary, msg.owner_id)
+        elif object_id in self.lost:
+            self.execute(self.store.fail_waiters(object_id, self.lost[object_id]))
         elif msg.owner_id in self.local_clients:  # sealed here, or placed elsewhere: told
             self.awaited[object_id] = msg.owner_id
         elif msg.owner_id in self.gone_clients:
@@ -296,6 +303,8 @@ class ObjectManager:
         where = self._where(object_id)
         if where:
             peer.send(m.ObjectLocated(msg.req_id, object_id, where))
+        elif object_id in self.lost:
+            peer.send(m.ObjectLocated(msg.req_id, object_id, b"", self.lost[object_id]))
         elif msg.owner_id in self.local_clients:
             self.locating.setdefault(object_id, []).append((peer, msg.req_id))
             self.awaited[object_id] = msg.owner_id
@@ -355,6 +364,12 @@ class ObjectManager:
             self.pulls.pop(object_id, None)
             self.asked.pop(object_id, None)
             self.execute(self.store.fail_waiters(object_id, why))
+            self.awaited.pop(object_id, None)
+            for peer, req_id in self.locating.pop(object_id, ()):
+                peer.send(m.ObjectLocated(req_id, object_id, b"", why))
+            self.lost[object_id] = why  # its owner lives on: asked later, we say why
+            if len(self.lost) > LOST_KEPT:
+                self.lost.popitem(last=False)
         for holders in self.copies.values():
             holders.discard(node_id)
         orphaned = [oid for oid, primary in self.copy_of.items() if primary == node_id]

@@ -262,6 +262,10 @@ class Executor:
             plain = TaskError(spec.name, f"{error.traceback_text}\n(the exception itself could "
                               f"not be pickled: {unpicklable})", None, error.pid, error.node_id)
             payload = serialize(StoredError(plain)).to_payload(True)
+        # The frames' locals (refs among them) would live until a collection of the
+        # cycle through the traceback, which an idle worker may never run: the holds
+        # they keep would outlive the task.
+        traceback.clear_frames(exc.__traceback__)
         return self._error_returns(spec, payload)
 
     def _plain_error_returns(self, spec: m.TaskSpec,

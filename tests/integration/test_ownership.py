@@ -80,8 +80,8 @@ class Keeper:
     def __init__(self) -> None:
         self.ref: Any = None
 
-    def make(self, size: int, delay: float = 0.0) -> int:
-        self.ref = make.remote(size, 9, delay)
+    def make(self, size: int, delay: float = 0.0, where: Any = None) -> int:
+        self.ref = make.options(scheduling_strategy=where).remote(size, 9, delay)
         return 1
 
     def give(self) -> list:
@@ -238,7 +238,8 @@ def test_a_ref_made_on_one_node_returned_through_another_read_on_a_third(
     # when BIG, else inline at the owner, which shares it on node2); the driver reads it
     # on the head, where the ref names node2.
     _, head, node2, node3 = nodes
-    start = stores(head, node2, node3)
+    start = settled(lambda: stores(head, node2, node3), [(0, 0, 0, 0)] * 3)
+    assert start == [(0, 0, 0, 0)] * 3  # (what earlier tests made is gone)
     box = rtml.get(made_on.options(scheduling_strategy=on(node2)).remote(size, delay, on(node3)),
                    timeout=60)
     assert int(rtml.get(box[0], timeout=60).sum()) == 6 * size
@@ -259,6 +260,8 @@ def test_a_grandchild_across_three_nodes(nodes) -> None:
 
 def test_an_owner_killed_on_another_node_raises_owner_died(nodes) -> None:
     _, head, node2, node3 = nodes
+    start = settled(lambda: stores(head, node2, node3), [(0, 0, 0, 0)] * 3)
+    assert start == [(0, 0, 0, 0)] * 3
     keeper = Keeper.options(scheduling_strategy=on(node2)).remote()
     assert rtml.get(keeper.make.remote(10, 5.0)) == 1
     box = rtml.get(keeper.give.remote(), timeout=60)
@@ -271,6 +274,10 @@ def test_an_owner_killed_on_another_node_raises_owner_died(nodes) -> None:
         rtml.get(total_of.options(scheduling_strategy=on(node3)).remote(box), timeout=30)
     assert isinstance(failed.value.cause, OwnerDiedError)
     assert time.monotonic() - started < 4.0
+    del box, failed
+    # Nothing is left held: also not by the failed borrower, whose frames (the ref in
+    # their locals) outlive its task in the exception's traceback unless cleared.
+    assert settled(lambda: stores(head, node2, node3), start) == start
 
 
 def test_a_borrowed_ref_passed_on_before_its_value_exists(nodes) -> None:
@@ -288,3 +295,23 @@ def test_a_borrowed_ref_passed_on_before_its_value_exists(nodes) -> None:
     assert rtml.get(total.options(scheduling_strategy=on(head)).remote(ref),
                     timeout=60) == 9 * BIG
     rtml.kill(keeper)
+
+
+def test_a_borrower_failed_by_a_node_death_lets_go_of_its_refs(nodes) -> None:
+    # (Last: it kills node3.) The value's node dies while a borrower on node2 waits for
+    # it; the borrower's task fails, and what it held is released: its frames, with the
+    # ref in their locals, would otherwise outlive the task in the error's traceback.
+    cluster, head, node2, node3 = nodes
+    start = settled(lambda: stores(head, node2), [(0, 0, 0, 0)] * 2)
+    assert start == [(0, 0, 0, 0)] * 2
+    keeper = Keeper.options(scheduling_strategy=on(node2)).remote()
+    assert rtml.get(keeper.make.remote(BIG, 3.0, on(node3)), timeout=60) == 1
+    box = rtml.get(keeper.give.remote(), timeout=60)
+    waiting = total_of.options(scheduling_strategy=on(node2)).remote(box)
+    time.sleep(0.3)
+    cluster.remove_node(node3, allow_graceful=False)
+    with pytest.raises(rtml.exceptions.TaskError):
+        rtml.get(waiting, timeout=60)
+    del box, waiting
+    rtml.kill(keeper)
+    assert settled(lambda: stores(head, node2), start) == start

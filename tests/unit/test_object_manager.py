@@ -468,3 +468,25 @@ def test_holds_learned_while_asking_where_start_no_second_pull(
         assert started[-1][:2] == (X, C)
 
     asyncio.run(scenario())
+
+
+def test_an_object_lost_with_its_node_is_said_lost_to_those_asking_later(
+        tmp_path: Path) -> None:
+    # Its owner (here) lives on, so "not made yet" would keep the asker waiting forever.
+    async def scenario() -> None:
+        manager, _ = _manager(tmp_path)
+        manager.client_joined(OWNER)
+        manager.add_holds(m.AddHolds([X], OWNER, B))  # made on B
+        parked = FakePeer()
+        manager.answer_locate(parked, m.LocateObject(1, X, OWNER))
+        assert parked.sent == [m.ObjectLocated(1, X, B)]
+        manager.node_died(B, "killed")
+        later, waiter = FakePeer(), FakePeer()
+        manager.answer_locate(later, m.LocateObject(2, X, OWNER))
+        manager.wait(waiter, set(), m.WaitObject(3, X, OWNER))
+        why = f"its node {B.hex()} died (killed)"
+        assert later.sent == [m.ObjectLocated(2, X, b"", why)]
+        assert waiter.sent == [m.ObjectAvailable(3, b"", why)]
+        assert manager.awaited == {} and manager.locating == {}
+
+    asyncio.run(scenario())
