@@ -19,6 +19,7 @@ from rtml.config import NodeConfig, default_object_store_memory
 from rtml.core import context
 from rtml.core.actors import ActorClass, ActorHandle, handle_of
 from rtml.core.object_ref import ObjectRef
+from rtml.core.options import check_namespace
 from rtml.core.remote_function import RemoteFunction
 from rtml.core.runtime import ClientConfig, ClientRuntime
 from rtml.ids import new_job_id
@@ -62,6 +63,8 @@ def init(address: str | None = None, *, num_cpus: float | None = None,
     that node instead of the one recorded in this machine's session directory.
     """
     global _context, _embedded
+    if namespace is not None:
+        check_namespace(namespace)  # before anything is started
     with _init_lock:
         if context.get_runtime() is not None:
             if ignore_reinit_error and _context is not None:

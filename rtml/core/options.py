@@ -58,9 +58,21 @@ def check_options(options: dict[str, Any], allowed: set[str], what: str) -> dict
     given_name = options.get("name")
     if given_name is not None and not isinstance(given_name, str):
         raise TypeError(f"name must be a str, got {given_name!r}")
-    resources = options.get("resources")
-    if resources is not None and not isinstance(resources, dict):
-        raise TypeError(f"resources must be a dict of name -> amount, got {resources!r}")
+    _check_resources(options.get("resources"))
+    for name, least in (("max_restarts", -1), ("max_task_retries", -1),
+                        ("max_concurrency", 1)):
+        value = options.get(name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                  or value < least):
+            raise ValueError(f"{name} must be an int >= {least}"
+                             f"{' (-1: forever)' if least < 0 else ''}, got {value!r}")
+    _check_retry_exceptions(options.get("retry_exceptions"))
+    namespace = options.get("namespace")
+    if namespace is not None:
+        check_namespace(namespace)
+    if options.get("get_if_exists") and not options.get("name"):
+        raise ValueError("get_if_exists=True needs a name: get_if_exists finds an existing "
+                         "actor by name, so pass name=... as well")
     strategy = options.get("scheduling_strategy")
     if strategy is not None and strategy not in ("DEFAULT", "SPREAD") and not isinstance(
             strategy, NodeAffinitySchedulingStrategy):
@@ -70,3 +82,40 @@ def check_options(options: dict[str, Any], allowed: set[str], what: str) -> dict
     if lifetime not in (None, "detached", "non_detached"):
         raise ValueError(f"lifetime must be 'detached' or None, got {lifetime!r}")
     return options
+
+
+def check_namespace(namespace: Any) -> str:
+    """A namespace given to ``init`` or ``.options``: a non-empty str. Raises TypeError
+    or ValueError."""
+    if not isinstance(namespace, str):
+        raise TypeError(f"namespace must be a str, got {namespace!r}")
+    if not namespace:
+        raise ValueError("namespace must not be empty; leave it out (None) for the job's "
+                         "own anonymous namespace")
+    return namespace
+
+
+def _check_resources(resources: Any) -> None:
+    if resources is None:
+        return
+    if not isinstance(resources, dict):
+        raise TypeError(f"resources must be a dict of name -> amount, got {resources!r}")
+    for name, amount in resources.items():
+        if not isinstance(name, str):
+            raise TypeError(f"resource names must be str, got {name!r}")
+        if name in ("CPU", "GPU"):
+            raise ValueError(f"use num_{name.lower()}=... for {name}, not resources="
+                             f"{{{name!r}: ...}}")
+        if not isinstance(amount, (int, float)) or isinstance(amount, bool) or amount < 0:
+            raise ValueError(f"resource {name!r} must be a non-negative number, got "
+                             f"{amount!r}")
+
+
+def _check_retry_exceptions(retry: Any) -> None:
+    if retry is None or isinstance(retry, bool):
+        return
+    if isinstance(retry, (list, tuple)) and all(
+            isinstance(kind, type) and issubclass(kind, BaseException) for kind in retry):
+        return
+    raise TypeError(f"retry_exceptions must be a bool or a list of exception classes, got "
+                    f"{retry!r}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import inspect
 import io
 import types
 from collections import ChainMap
@@ -72,6 +73,11 @@ class RemoteFunction(Exported):
     """A function that runs as a task on the cluster."""
 
     def __init__(self, function: Any, options: dict[str, Any]) -> None:
+        if inspect.iscoroutinefunction(function):
+            raise ValueError(f"'async def' cannot be a remote function ({function.__name__}): "
+                             f"a task runs one call to completion; wrap it in a plain function "
+                             f"that calls asyncio.run(...), or make it a method of an actor "
+                             f"(async actors run their methods on an event loop)")
         super().__init__(function)
         self._options = check_options(dict(options), TASK_OPTIONS, "a remote function")
         self._name = getattr(function, "__qualname__", repr(function))

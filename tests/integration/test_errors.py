@@ -347,3 +347,55 @@ def call_get_wrongly(holder: object) -> str:
     except TypeError:
         return "TypeError at remote"
     return "accepted"
+
+
+def test_an_async_def_remote_function_is_a_value_error_at_once() -> None:
+    async def fetch() -> int:
+        return 1
+
+    with pytest.raises(ValueError, match="'async def' cannot be a remote function"):
+        rtml.remote(fetch)
+
+
+@pytest.mark.parametrize(("options", "error", "names"), [
+    ({"max_restarts": "3"}, ValueError, "max_restarts"),
+    ({"max_restarts": -2}, ValueError, "max_restarts"),
+    ({"max_task_retries": 1.5}, ValueError, "max_task_retries"),
+    ({"max_concurrency": 0}, ValueError, "max_concurrency"),
+    ({"namespace": 7}, TypeError, "namespace"),
+    ({"namespace": ""}, ValueError, "namespace"),
+    ({"get_if_exists": True}, ValueError, "get_if_exists"),
+    ({"resources": {"CPU": 1}}, ValueError, "num_cpu"),
+    ({"resources": {"foo": -1}}, ValueError, "'foo'"),
+    ({"resources": {1: 1}}, TypeError, "resource names"),
+    ({"lifetime": "forever"}, ValueError, "lifetime"),
+])
+def test_invalid_actor_options_are_refused_at_once_naming_the_option(
+        options: dict, error: type, names: str) -> None:
+    @rtml.remote
+    class Plain:
+        pass
+
+    with pytest.raises(error, match=names):
+        Plain.options(**options)
+
+
+@pytest.mark.parametrize(("options", "error", "names"), [
+    ({"retry_exceptions": "yes"}, TypeError, "retry_exceptions"),
+    ({"retry_exceptions": [KeyError, "ValueError"]}, TypeError, "retry_exceptions"),
+    ({"num_returns": -1}, ValueError, "num_returns"),
+    ({"max_retries": -2}, ValueError, "max_retries"),
+    ({"num_gpus": "1"}, ValueError, "num_gpus"),
+])
+def test_invalid_task_options_are_refused_at_once_naming_the_option(
+        options: dict, error: type, names: str) -> None:
+    with pytest.raises(error, match=names):
+        plus_one.options(**options)
+    assert rtml.get(plus_one.options(retry_exceptions=[KeyError]).remote(1)) == 2
+
+
+def test_a_bad_namespace_for_init_is_refused_before_anything_starts() -> None:
+    for namespace, error in ((5, TypeError), ("", ValueError)):
+        with pytest.raises(error, match="namespace"):
+            rtml.init(namespace=namespace, ignore_reinit_error=False)  # type: ignore[arg-type]
+    assert rtml.get(plus_one.remote(1)) == 2  # the running driver is untouched
