@@ -687,6 +687,27 @@ class Parent:
     def spawn(self) -> int:
         return subprocess.Popen(["sleep", "300"]).pid
 
+    def make_waiting(self, seconds: float) -> list:
+        """A child whose constructor argument is still being made."""
+        self.child = Counter.remote(sleep_then.remote(seconds, 3))
+        return [self.child]
+
+
+@rtml.remote
+def sleep_then(seconds: float, value: int) -> int:
+    time.sleep(seconds)
+    return value
+
+
+def test_an_actor_whose_owner_died_before_its_arguments_were_ready_fails_its_callers() -> None:
+    parent = Parent.remote()
+    child = rtml.get(parent.make_waiting.remote(5.0), timeout=60)[0]
+    os.kill(rtml.get(parent.pid.remote(), timeout=60), 9)
+    started = time.monotonic()
+    with pytest.raises(ActorDiedError, match="its owner"):
+        rtml.get(child.incr.remote(), timeout=30)
+    assert time.monotonic() - started < 4.0  # at once, not once the argument exists
+
 
 def test_the_actors_an_actor_creates_end_when_it_dies_unless_detached() -> None:
     # Ray's fate sharing: an actor's owner is the process that created it. The driver
