@@ -158,8 +158,28 @@ def deserialize(inband: bytes | memoryview, buffers: Sequence[Any]) -> Any:
 
 def from_payload(payload: Payload) -> Any:
     if not payload.buffers:  # most values: nothing out of band, so not Arrow either
-        return pickle.loads(payload.data)
+        value = pickle.loads(payload.data)
+        return value if type(value) in _PLAIN else _arrays_read_only(value)
     return deserialize(payload.data, payload.buffers)
+
+
+def _arrays_read_only(value: Any) -> Any:
+    """``value`` with the numpy arrays in it (in lists, tuples and dicts, up to
+    ``_PLAIN_WALK`` items) made read-only, as arrays read from shared memory are: a
+    task or ``get`` sees the same kind of array whatever its size, as in Ray."""
+    stack = [value]
+    for _ in range(_PLAIN_WALK):
+        if not stack:
+            break
+        item = stack.pop()
+        kind = type(item)
+        if kind is list or kind is tuple:
+            stack.extend(item)
+        elif kind is dict:
+            stack.extend(item.values())
+        elif kind.__name__ == "ndarray" and kind.__module__ == "numpy":
+            item.flags.writeable = False
+    return value
 
 
 def _arrow_ipc(value: Any) -> Serialized | None:

@@ -256,3 +256,20 @@ def test_spilling_keeps_every_array_readable(start_cluster) -> None:
         assert arr[0] == i and arr[-1] == i and bool((arr == i).all()), f"array {i} corrupt"
         del arr
     assert rtml.get(first_and_last.remote(refs[0]), timeout=60) == (0, 0, True)
+
+
+@rtml.remote
+def writeable_flags(array: np.ndarray, box: dict) -> list[bool]:
+    return [array.flags.writeable, box["in"].flags.writeable, box["list"][0].flags.writeable]
+
+
+def test_small_arrays_arrive_read_only_as_large_ones_do(cluster: None) -> None:
+    # As in Ray: a task's (or get's) arrays are read-only whatever their size.
+    small, large = np.zeros(8), np.zeros(MB)
+    box = {"in": np.ones(3), "list": [np.ones(2)]}
+    assert rtml.get(writeable_flags.remote(small, box)) == [False, False, False]
+    assert rtml.get(writeable_flags.remote(large, box)) == [False, False, False]
+    got = rtml.get(rtml.put(small))
+    with pytest.raises(ValueError, match="read-only"):
+        got[0] = 1.0
+    assert small.flags.writeable  # the caller's own array is untouched
