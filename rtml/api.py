@@ -350,7 +350,9 @@ def cluster_resources() -> dict[str, float]:
 
 
 def available_resources() -> dict[str, float]:
-    return _sum_resources("Available")
+    """What is free now, summed over live nodes; resources none is free of are left out
+    (as in Ray)."""
+    return {name: amount for name, amount in _sum_resources("Available").items() if amount}
 
 
 def _sum_resources(field: str) -> dict[str, float]:

@@ -130,7 +130,23 @@ def test_is_initialized_and_cluster_resources() -> None:
     assert total.get("GPU", 0.0) == 0.0
     assert any(k.startswith("node:") for k in total)
     avail = rtml.available_resources()
-    assert 0.0 <= avail["CPU"] <= 2.0
+    assert avail.get("CPU", 0.0) <= 2.0
+    assert all(amount > 0 for amount in avail.values())  # none free: left out, as in Ray
+
+
+@rtml.remote(num_cpus=2)
+def hold_both_cpus(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def test_available_resources_leaves_out_what_is_all_taken() -> None:
+    busy = hold_both_cpus.remote(2.0)
+    deadline = time.monotonic() + 10
+    while "CPU" in rtml.available_resources() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "CPU" not in rtml.available_resources()
+    assert rtml.cluster_resources()["CPU"] == 2.0
+    rtml.get(busy)
 
 
 def test_nodes_table_matches_runtime_context() -> None:
