@@ -359,11 +359,15 @@ class ActorCaller:
 
     def cancel_queued(self, record: TaskRecord) -> bool:
         """Drop a call not yet sent (under the runtime lock), letting the calls queued
-        behind it go; True if it was still queued here."""
+        behind it go; True if it was still queued here. One already sent is cancelled at
+        the actor: skipped if it has not started, interrupted if it is an async method
+        running (as Ray)."""
         if record in self.queue:
             self.queue.remove(record)
             self.flush()
             return True
+        if self.conn is not None:
+            self.rt.send_ordered(self.conn, m.CancelCall(record.spec.task_id))
         return False
 
     def _resolve(self) -> None:

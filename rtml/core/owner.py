@@ -144,7 +144,10 @@ class TaskOwner:
         entries: list[tuple[bytes, Entry]] = []
         finished: list[_Outcome] = []
         for record, msg in done:
-            if record.cancelled:
+            # An actor call cancelled while it ran keeps the error it ended with (an
+            # async method's CancelledError, let out: a TaskError, as in Ray).
+            if record.cancelled and (msg.cancelled or not record.spec.actor_id
+                                     or not msg.returns or not msg.returns[0].is_error):
                 self.fail_task(record, TaskCancelledError(
                     f"task {record.spec.name!r} was cancelled"))
                 continue
@@ -282,7 +285,7 @@ class TaskOwner:
         with self.rt.lock:
             if record.done:
                 return
-            if record.spec.actor_id:  # a call already sent runs to completion
+            if record.spec.actor_id:
                 record.cancelled = True
                 caller = self.caller(record.spec.actor_id, record.max_retries)
                 failed_here = caller.cancel_queued(record)

@@ -90,6 +90,7 @@ from rtml.rpc.protocols.node import (
     WorkerUnblocked,
 )
 from rtml.rpc.protocols.task import (
+    CancelCall,
     PushTask,
     TaskResult,
 )
@@ -102,6 +103,7 @@ __all__ = [
     "ActorWorkerDied",
     "AddHolds",
     "BecomeActor",
+    "CancelCall",
     "CancelLeaseRequest",
     "CancelRunning",
     "CancelTask",

@@ -79,6 +79,7 @@ class Executor:
         self._inbox_lock = threading.Lock()
         self._inbox_posted = False  # a _start_calls is on its way to the loop
         self._running_calls: set[asyncio.Task[None]] = set()  # the loop keeps only weak refs
+        self._cancellable: dict[bytes, asyncio.Task[None]] = {}  # by task id, until it ends
         self.semaphore: asyncio.Semaphore | None = None
         self.visible_gpus: Sequence[int] | None = None  # as last set; None: not set yet
         self.pid = os.getpid()  # for every result: getpid is a syscall each time
@@ -119,28 +120,41 @@ class Executor:
             task = self.loop.create_task(self._run_async(conn, spec))
             self._running_calls.add(task)
             task.add_done_callback(self._running_calls.discard)
+            self._cancellable[spec.task_id] = task
 
     async def _run_async(self, conn: Connection, spec: m.TaskSpec) -> None:
         assert self.semaphore is not None
-        async with self.semaphore:
-            start = time.time()
-            try:
-                context.set_current_task(spec.task_id)  # this asyncio task's own context
-                method, args, kwargs = self._prepare(spec)
-                value = method(*args, **kwargs)
-                if inspect.isawaitable(value):
-                    value = await value
-                returns = self._returns(spec, value)
-            except _Failed as failed:
-                returns = self._error_returns(spec, failed.payload)
-            except Exception as exc:
-                returns = self._exception_returns(spec, exc)
-            result = self._result(spec, returns, start)
+        try:
+            async with self.semaphore:
+                result = await self._call_async(spec)
+        except asyncio.CancelledError:  # cancelled while it waited for its turn
+            self._cancellable.pop(spec.task_id, None)
+            result = self._cancelled(spec, time.time())
         refs = self.rt.refs  # settle() without blocking the loop for the fence
         refs.drain()
         if refs.needs_fence():
             await asyncio.get_running_loop().run_in_executor(None, refs.fence)
         conn.send(result)
+
+    async def _call_async(self, spec: m.TaskSpec) -> m.TaskResult:
+        start = time.time()
+        if spec.task_id in self.cancelled:  # cancelled before it started
+            self.cancelled.discard(spec.task_id)
+            return self._cancelled(spec, start)
+        try:
+            context.set_current_task(spec.task_id)  # this asyncio task's own context
+            method, args, kwargs = self._prepare(spec)
+            value = method(*args, **kwargs)
+            if inspect.isawaitable(value):
+                value = await value
+            returns = self._returns(spec, value)
+        except _Failed as failed:
+            returns = self._error_returns(spec, failed.payload)
+        except (Exception, asyncio.CancelledError) as exc:  # cancelled: a TaskError, as Ray
+            returns = self._exception_returns(spec, exc)
+        finally:
+            self._cancellable.pop(spec.task_id, None)  # too late to cancel from here on
+        return self._result(spec, returns, start)
 
     # -- one task ----------------------------------------------------------------------------
 
@@ -291,6 +305,20 @@ class Executor:
         return result
 
     # -- cancellation --------------------------------------------------------------------------
+
+    def cancel_call(self, task_id: bytes) -> None:
+        """An owner cancelled an actor call it had sent (on the I/O thread): skipped if it
+        has not started; an async method running gets asyncio.CancelledError. A sync
+        method running runs to completion, as in Ray."""
+        self.cancelled.add(task_id)
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self._cancel_running_call, task_id)
+
+    def _cancel_running_call(self, task_id: bytes) -> None:
+        task = self._cancellable.get(task_id)
+        if task is not None:
+            self.cancelled.discard(task_id)
+            task.cancel()
 
     def cancel(self, task_id: bytes) -> None:
         """Called on the thread leading the I/O loop (the main thread itself while the task

@@ -82,6 +82,8 @@ class TaskServer:
     def _on_message(self, conn: Connection, msg: Any) -> None:
         if type(msg) is m.PushTask:
             self.executor.push(conn, msg.spec)
+        elif type(msg) is m.CancelCall:
+            self.executor.cancel_call(msg.task_id)
         else:
             log.warning("unexpected %s from an owner", type(msg).__name__)
 

@@ -774,3 +774,48 @@ def test_a_named_actor_ends_when_its_last_handle_goes_unless_detached() -> None:
     assert not _exits(detached_pid, timeout=1.0)
     rtml.kill(rtml.get_actor(kept))
     assert _exits(detached_pid)
+
+
+@rtml.remote
+class Cancellable:
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    async def wait_long(self) -> str:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            self.seen.append("cancelled")
+            raise
+        return "finished"
+
+    async def seen_so_far(self) -> list[str]:
+        return self.seen
+
+
+def test_cancelling_a_running_async_method_raises_cancelled_error_in_it() -> None:
+    # As in Ray: the coroutine gets asyncio.CancelledError; the caller's get raises a
+    # TaskError (the coroutine let the CancelledError out).
+    actor = Cancellable.remote()
+    ref = actor.wait_long.remote()
+    rtml.get(actor.seen_so_far.remote(), timeout=60)  # the call is running by now
+    time.sleep(0.2)
+    started = time.monotonic()
+    rtml.cancel(ref)
+    with pytest.raises(TaskError, match="CancelledError"):
+        rtml.get(ref, timeout=30)
+    assert time.monotonic() - started < 5.0
+    assert rtml.get(actor.seen_so_far.remote(), timeout=60) == ["cancelled"]
+
+
+def test_a_cancelled_sync_actor_call_raises_task_cancelled_error() -> None:
+    # Sent to the actor already (skipped there if the cancel arrives first).
+    sleeper = Sleeper.remote()
+    busy = sleeper.nap.remote(1.0)
+    queued = sleeper.ping.remote()  # sent: waits at the actor behind the nap
+    time.sleep(0.2)
+    rtml.cancel(queued)
+    with pytest.raises(TaskCancelledError):
+        rtml.get(queued, timeout=30)
+    assert len(rtml.get(busy, timeout=30)) == 2  # the running one ran to completion
+    assert rtml.get(sleeper.ping.remote(), timeout=30) == "pong"

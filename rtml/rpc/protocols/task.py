@@ -2,6 +2,8 @@
 
     owner --PushTask(spec)--> worker (runs it: a task, or an actor method)
     owner <--TaskResult------ worker (small returns inline, large ones in shared memory)
+    owner --CancelCall------> actor worker (a call already sent: skipped if not started; an
+                              async method running gets asyncio.CancelledError)
 """
 
 from __future__ import annotations
@@ -23,7 +25,11 @@ class TaskResult(Msg, tag=11):
     cancelled: bool = False
 
 
+class CancelCall(Msg, tag=12):
+    task_id: bytes
+
+
 Message = (
-    PushTask | TaskResult
+    PushTask | TaskResult | CancelCall
 )
 """Every message of this protocol."""
