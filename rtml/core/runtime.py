@@ -406,9 +406,51 @@ class ClientRuntime:
         if failed is not None:  # fail fast, as Ray: one failed while others still run
             self._value(failed, deadline)  # raises its error
         borrows = self.refs.borrows
-        values = [self._value(r, deadline) for r in refs]
+        early = self._read_borrowed(refs, deadline) if len(refs) > 1 else None
+        if early:
+            values = [early[r.id] if r.id in early else self._value(r, deadline) for r in refs]
+        else:
+            values = [self._value(r, deadline) for r in refs]
         if self.refs.borrows != borrows:  # refs found inside the values: hold them now, in
             self.refs.process_refops()  # one batch (other changes wait for the next drain)
+        return values
+
+    def _read_borrowed(self, refs: list[ObjectRef], deadline: float | None
+                       ) -> dict[bytes, Any] | None:
+        """Fail fast among borrowed refs too: when several of ``refs`` are owned elsewhere
+        and not on this node yet, wait for all of them at once and read each as it comes,
+        raising the first failure then (not behind an earlier ref still being made).
+        Returns the values read, by id; None when there is nothing to wait for."""
+        me, entries, ns = self.client_id, self.store.entries, self.store_namespace
+        missing = [r for r in refs if r.owner != me and r.id not in entries
+                   and not os.path.exists(objectstore.segment_path(ns, r.id))]
+        if len(missing) < 2:
+            return None
+        arrived: list[tuple[ObjectRef, m.ObjectAvailable]] = []
+        wake = [Flag()]
+
+        def on_reply(ref: ObjectRef) -> Callable[[m.ObjectAvailable], None]:
+            def reply(msg: m.ObjectAvailable) -> None:
+                arrived.append((ref, msg))
+                wake[0].set()
+            return reply
+
+        locations = self.refs.locations
+        req_ids = [self.ask(self.nm, _wait_request(r, locations.get(r.id, b"")), on_reply(r))
+                   for r in missing]
+        values: dict[bytes, Any] = {}
+        try:
+            while len(values) < len(missing):
+                flag = wake[0]
+                self._block(flag, deadline, [r.id for r in missing if r.id not in values])
+                wake[0] = Flag()
+                while arrived:
+                    ref, answer = arrived.pop(0)
+                    _raise_unavailable(ref.id, answer)
+                    values[ref.id] = self._value(ref, deadline)  # raises a stored error
+        finally:
+            for req_id in req_ids:
+                self.forget_reply(req_id)
         return values
 
     def _wait_owned(self, refs: list[ObjectRef], deadline: float | None) -> ObjectRef | None:
@@ -507,11 +549,7 @@ class ClientRuntime:
         except GetTimeoutError:
             self._replies.pop(req_id, None)
             raise
-        answer = box[0]
-        if answer.owner_died:
-            raise OwnerDiedError(f"object {object_id.hex()} cannot be made: {answer.error}")
-        if answer.error:
-            raise ObjectLostError(f"object {object_id.hex()} is lost: {answer.error}")
+        _raise_unavailable(object_id, box[0])
 
     def _state(self, ref: ObjectRef) -> int:
         """``_READY`` (in the memory store, or in this node's shared memory), ``_MAKING``
@@ -700,6 +738,18 @@ def _countdown(count: int, done: Flag, entries: dict[bytes, Entry],
         elif next(arrivals) == count:
             done.set()
     return arrived
+
+
+def _wait_request(ref: ObjectRef, node_id: bytes) -> Callable[[int], m.Msg]:
+    return lambda req_id: m.WaitObject(req_id, ref.id, ref.owner, node_id)
+
+
+def _raise_unavailable(object_id: bytes, answer: m.ObjectAvailable) -> None:
+    """Raise the error a node manager's answer to WaitObject carries, if any."""
+    if answer.owner_died:
+        raise OwnerDiedError(f"object {object_id.hex()} cannot be made: {answer.error}")
+    if answer.error:
+        raise ObjectLostError(f"object {object_id.hex()} is lost: {answer.error}")
 
 
 def _load(payload: m.Payload) -> Any:

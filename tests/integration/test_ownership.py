@@ -126,6 +126,27 @@ def test_task_results_returned_nested_in_a_list_a_dict_and_an_object(
     assert values(box) == [size, 2 * size, 3 * size]
 
 
+@rtml.remote
+def fails(message: str) -> None:
+    raise KeyError(message)
+
+
+@rtml.remote
+def slow_and_failing() -> list:
+    return [make.remote(10, 1, 5.0), fails.remote("failed first")]
+
+
+def test_get_of_borrowed_refs_raises_a_failure_without_waiting_for_earlier_ones(
+        cluster: None) -> None:
+    # As for owned refs (and in Ray): the first failure, not the first ref, decides.
+    slow, failing = rtml.get(slow_and_failing.remote(), timeout=60)
+    started = time.monotonic()
+    with pytest.raises(KeyError, match="failed first"):
+        rtml.get([slow, failing], timeout=30)
+    assert time.monotonic() - started < 3.0
+    assert int(rtml.get([slow, make.remote(10, 2)], timeout=30)[0].sum()) == 10
+
+
 @pytest.mark.parametrize("size", [10, BIG])
 def test_puts_returned_nested(cluster: None, size: int) -> None:
     box = rtml.get(nested_puts.remote(size), timeout=60)
