@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import signal
 import sys
@@ -25,6 +26,8 @@ from rtml.core.runtime import ClientConfig, ClientRuntime
 from rtml.ids import new_job_id
 from rtml.rpc import messages as m
 from rtml.session import Session, default_session_dir, fresh_session_dir, new_token
+
+log = logging.getLogger(__name__)
 
 _embedded: cluster.StartedNode | None = None
 _init_lock = threading.Lock()
@@ -71,7 +74,7 @@ def init(address: str | None = None, *, num_cpus: float | None = None,
                 return _context
             raise RuntimeError("rtml.init() was already called; call rtml.shutdown() first "
                                "or pass ignore_reinit_error=True")
-        address = address or os.environ.get("RTML_ADDRESS")
+        address = address or os.environ.get("RTML_ADDRESS") or None  # (set but empty: none)
         if address is None:
             session = Session(Path(fresh_session_dir()))
             token = new_token()
@@ -202,6 +205,17 @@ def shutdown() -> None:
 
 
 atexit.register(shutdown)
+
+
+def _auto_init() -> None:
+    """A driver used rtml before ``init`` (its first ``.remote()``, ``put``, ``get``...):
+    start or join a cluster as ``init()`` would (``RTML_ADDRESS`` says which), as Ray
+    does."""
+    log.info("rtml.init() was not called: starting it with its defaults")
+    init(ignore_reinit_error=True)
+
+
+context.set_auto_init(_auto_init)
 
 
 def is_initialized() -> bool:

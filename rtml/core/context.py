@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rtml.core.runtime import ClientRuntime
 
 _runtime: ClientRuntime | None = None
+_auto_init: Callable[[], object] | None = None
 _task_id: contextvars.ContextVar[bytes | None] = contextvars.ContextVar("rtml_task_id",
                                                                         default=None)
 """Per thread and per asyncio task, so concurrent actor calls each see their own."""
@@ -23,11 +25,23 @@ def get_runtime() -> ClientRuntime | None:
     return _runtime
 
 
+def set_auto_init(start: Callable[[], object] | None) -> None:
+    """What :func:`require_runtime` calls in a driver that has not called ``init``: it
+    starts or joins a cluster (``rtml.api``'s, as Ray's auto-init)."""
+    global _auto_init
+    _auto_init = start
+
+
 def require_runtime() -> ClientRuntime:
-    """The connected runtime. Raises RuntimeError telling the user to call init()."""
-    if _runtime is None:
+    """The connected runtime, started by the auto-init hook on first use if need be.
+    Raises RuntimeError telling the user to call init() if there is none."""
+    runtime = _runtime
+    if runtime is None and _auto_init is not None:
+        _auto_init()
+        runtime = _runtime
+    if runtime is None:
         raise RuntimeError("rtml is not initialized; call rtml.init() first")
-    return _runtime
+    return runtime
 
 
 set_current_task = _task_id.set

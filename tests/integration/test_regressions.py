@@ -358,3 +358,36 @@ rtml.get([last_words.remote(i) for i in range(3)] + [speaker.say.remote("bye")])
         said = sorted(line.split(") ", 1)[1] for line in out.stdout.splitlines()
                       if line.startswith("(pid="))
         assert said == ["actor says bye", "task says 0", "task says 1", "task says 2"], out
+
+
+def test_a_program_that_never_calls_init_starts_a_cluster_on_first_use() -> None:
+    # As Ray's auto-init: most of Ray's documentation programs rely on it.
+    script = """
+import numpy as np
+import rtml
+
+@rtml.remote
+def plus_one(x):
+    return x + 1
+
+@rtml.remote
+class Counter:
+    def __init__(self):
+        self.n = 0
+
+    def incr(self):
+        self.n += 1
+        return self.n
+
+print(rtml.is_initialized())
+print(rtml.get(plus_one.remote(1)))
+print(rtml.get(Counter.remote().incr.remote()))
+print(rtml.get(rtml.put(np.arange(3))).tolist())
+rtml.shutdown()
+print(rtml.get(rtml.put("again")))  # after a shutdown: a fresh one, as in Ray
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120, env={k: v for k, v in os.environ.items()
+                                           if k != "RTML_ADDRESS"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:5] == ["False", "2", "1", "[0, 1, 2]", "again"], out
