@@ -144,10 +144,7 @@ class TaskOwner:
         entries: list[tuple[bytes, Entry]] = []
         finished: list[_Outcome] = []
         for record, msg in done:
-            # An actor call cancelled while it ran keeps the error it ended with (an
-            # async method's CancelledError, let out: a TaskError, as in Ray).
-            if record.cancelled and (msg.cancelled or not record.spec.actor_id
-                                     or not msg.returns or not msg.returns[0].is_error):
+            if record.cancelled and _cancel_wins(record, msg):
                 self.fail_task(record, TaskCancelledError(
                     f"task {record.spec.name!r} was cancelled"))
                 continue
@@ -305,6 +302,15 @@ def _lineage(record: TaskRecord, msg: m.TaskResult) -> tuple[Any, ...]:
     return (RAN, record.spec.task_id, record.spec.attempt,
             "FAILED" if msg.returns and msg.returns[0].is_error else "FINISHED",
             msg.start_ts, msg.end_ts, msg.worker_pid, msg.node_id)
+
+
+def _cancel_wins(record: TaskRecord, msg: m.TaskResult) -> bool:
+    """Whether a cancelled task's result gives way to TaskCancelledError: always, but for
+    an actor call that ended in an error while cancelled (an async method's
+    CancelledError, let out: a TaskError, as in Ray)."""
+    if msg.cancelled or not record.spec.actor_id:
+        return True
+    return not msg.returns or not msg.returns[0].is_error
 
 
 def _error_of(ret: m.ReturnObject) -> BaseException | None:

@@ -177,10 +177,13 @@ class ObjectManager:
         pulls it for those waiting here, and answers the nodes asking where it is."""
         primary = msg.node_id if msg.node_id != self.node_id else b""
         if not primary:
-            here = [oid for oid in msg.object_ids if not self._held_elsewhere(oid)]
-            if len(here) < len(msg.object_ids):  # the others go to their primary node
-                for oid in set(msg.object_ids) - set(here):
-                    self._hold_remote([oid], msg.holder, self.remote.primary_of(oid) or b"")
+            here: list[bytes] = []
+            for object_id in msg.object_ids:
+                elsewhere = self._primary_elsewhere(object_id)
+                if elsewhere:
+                    self._hold_remote([object_id], msg.holder, elsewhere)
+                else:
+                    here.append(object_id)
             self.execute(self.store.add_holds(here, msg.holder))
             return
         self._hold_remote(msg.object_ids, msg.holder, primary)
@@ -192,11 +195,13 @@ class ObjectManager:
                 if self.store.waiting_on(object_id):
                     self._pull(object_id, primary)
 
-    def _held_elsewhere(self, object_id: bytes) -> bool:
-        """Whether holds on the object go to another node (it is not sealed here, or only
-        as a copy, and its primary is known to be there)."""
-        return self.remote.primary_of(object_id) is not None and (
-            object_id in self.copy_of or not self.store.contains(object_id))
+    def _primary_elsewhere(self, object_id: bytes) -> bytes:
+        """The node holds on the object go to, if not this one (it is not sealed here, or
+        only as a copy, and its primary is known to be there); else ``b""``."""
+        primary = self.remote.primary_of(object_id)
+        if primary is None or (self.store.contains(object_id) and object_id not in self.copy_of):
+            return b""
+        return primary
 
     def _hold_remote(self, object_ids: list[bytes], holder: bytes, node_id: bytes) -> None:
         for primary, first in self.remote.add(object_ids, holder, node_id).items():
@@ -204,13 +209,11 @@ class ObjectManager:
 
     def release_holds(self, msg: m.ReleaseHolds) -> None:
         """Drop ``msg.holder``'s holds, wherever they were made (see :meth:`add_holds`)."""
-        remote = self.remote
-        if len(remote) and any(remote.holds(oid, msg.holder) for oid in msg.object_ids):
-            held = {oid for oid in msg.object_ids if remote.holds(oid, msg.holder)}
+        remote, here = self.remote, msg.object_ids
+        held = {oid for oid in here if remote.holds(oid, msg.holder)} if len(remote) else None
+        if held:
             self._forward_releases(remote.release(held, msg.holder))
-            here = [oid for oid in msg.object_ids if oid not in held]
-        else:
-            here = msg.object_ids
+            here = [oid for oid in here if oid not in held]
         self.execute(self.store.release_holds(here, msg.holder))
         self.schedule_collect()
 
@@ -326,7 +329,7 @@ class ObjectManager:
             peer.send(m.ObjectLocated(req_id, object_id, node_id))
 
     def located(self, msg: m.ObjectLocated) -> None:
-        """The answer to our :meth:`locate` question: pull from there, or fail."""
+        """The answer to our question (:meth:`_ask_where`): pull from there, or fail."""
         object_id = msg.object_id
         asked = self.asked.pop(object_id, None)
         if asked is None:

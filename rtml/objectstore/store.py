@@ -173,7 +173,8 @@ class StoreCore:
         :meth:`collect` frees it.
         """
         entry = self._entries.setdefault(object_id, _Entry())
-        if holder and self._released_early.pop((object_id, holder), True) is None:
+        if holder and (object_id, holder) in self._released_early:
+            del self._released_early[(object_id, holder)]
             holder = b""  # its holder let go of it already
         if holder:
             self._hold(object_id, entry, holder)
@@ -280,22 +281,18 @@ class StoreCore:
         for object_id in object_ids:
             entry = self._entries.setdefault(object_id, _Entry())
             self._hold(object_id, entry, holder)
-            self._released_early.pop((object_id, holder), None)  # held again: the seal may
+            self._released_early.pop((object_id, holder), None)  # held again, seal or not
         return []
 
     def take_holds(self, object_id: bytes) -> set[bytes]:
         """The holders of an object not sealed here, which stop holding it here: its primary
         copy turned out to live on another node, where they hold it now. Its waiters stay."""
         entry = self._entries.get(object_id)
-        if entry is None or entry.state is not None or not entry.holders:
+        if entry is None or entry.state is not None:
             return set()
-        holders, entry.holders = entry.holders, set()
+        holders = set(entry.holders)
         for holder in holders:
-            held = self._held_by[holder]
-            held.discard(object_id)
-            if not held:
-                del self._held_by[holder]
-        self._drop_if_unused_placeholder(object_id, entry)
+            self._unhold(object_id, holder)
         return holders
 
     def release_holds(self, object_ids: Iterable[bytes], holder: bytes) -> list[Command]:
