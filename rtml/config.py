@@ -26,6 +26,9 @@ ZYGOTE_REAP = "reap"
 what exited workers left running; nothing is written back for it."""
 LEASE_IDLE_TIMEOUT = 0.05
 """Seconds a leased worker may sit idle before the owner hands it back."""
+STORE_RESOURCE = "object_store_memory"
+"""The resource that names a node's shared-memory capacity; its available amount is the
+store's free bytes."""
 
 
 def default_object_store_memory() -> int:
@@ -54,7 +57,7 @@ class NodeConfig:
     def total_resources(self) -> dict[str, float]:
         total = {"CPU": float(self.num_cpus), "GPU": float(self.num_gpus),
                  "memory": float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
-                 "object_store_memory": float(self.object_store_memory),
+                 STORE_RESOURCE: float(self.object_store_memory),
                  f"node:{self.node_ip}": 1.0}
         total.update({k: float(v) for k, v in self.resources.items()})
         return total

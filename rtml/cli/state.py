@@ -21,10 +21,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from rtml.cli.options import CliError, session_of
+from rtml.config import STORE_RESOURCE
 from rtml.control_plane import ControlPlane
 
 _GIB = float(1 << 30)
-_BYTE_RESOURCES = ("memory", "object_store_memory")
+_BYTE_RESOURCES = ("memory", STORE_RESOURCE)
 
 
 # -- reading the control plane -----------------------------------------------------------------

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rtml.config import HEARTBEAT_INTERVAL, NodeConfig, WorkerConfig
+from rtml.config import HEARTBEAT_INTERVAL, STORE_RESOURCE, NodeConfig, WorkerConfig
 from rtml.control_plane import ControlPlane
 from rtml.daemon import (
     ReadyPipe,
@@ -169,11 +169,18 @@ class NodeManager(Service):
         while True:
             for worker_id in self.sched.reap_idle(IDLE_WORKER_TICKS):
                 self.workers[worker_id].kill()
-            self.head.send(m.NodeHeartbeat(self.node_id, dict(self.sched.available),
+            self.head.send(m.NodeHeartbeat(self.node_id, self._available(),
                                            self.leases.waiting_shapes()))
             await self.objects.flush(self.plane)
             await self.objects.locate_unknown(self.plane)
             await asyncio.sleep(HEARTBEAT_INTERVAL)
+
+    def _available(self) -> dict[str, float]:
+        """What is free here: the scheduler's resources, the store's free bytes (as Ray,
+        objects in shared memory use up ``object_store_memory``)."""
+        available = dict(self.sched.available)
+        available[STORE_RESOURCE] = float(self.objects.store.free_bytes)
+        return available
 
     async def head_loop(self) -> None:
         try:

@@ -147,6 +147,11 @@ class StoreCore:
         entry = self._entries.get(object_id)
         return entry is not None and bool(entry.waiters)
 
+    @property
+    def free_bytes(self) -> int:
+        """Room left in shared memory (0 while the store runs over its capacity)."""
+        return max(0, self.capacity - self._used)
+
     def stats(self) -> dict[str, int]:
         """Counters for metrics and tests."""
         sealed = [e for e in self._entries.values() if e.state is not None]

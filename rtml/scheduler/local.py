@@ -11,6 +11,10 @@ returns (grant a lease, start a worker process, report infeasible demand).
                         |  ReturnLease / owner gone
                         v
                      worker idle again, resources back
+
+A worker that ran a GPU lease only takes GPU leases from then on, and one that ran a
+CPU-only lease only CPU-only ones (as Ray): libraries read CUDA_VISIBLE_DEVICES when they
+are imported, so a GPU task must not land in a process whose imports came before it.
 """
 
 from __future__ import annotations
@@ -95,6 +99,7 @@ class LocalScheduler:
     idle_ticks: dict[bytes, int] = field(default_factory=dict)
     free_gpus: list[int] = field(init=False)
     actor_gpus: dict[bytes, tuple[int, ...]] = field(default_factory=dict)
+    gpu_worker: dict[bytes, bool] = field(default_factory=dict)  # by its first lease's kind
     _ids: itertools.count = field(default_factory=lambda: itertools.count(1))
 
     def __post_init__(self) -> None:
@@ -155,6 +160,7 @@ class LocalScheduler:
             self.starting = max(0, self.starting - 1)
         if worker_id in self.idle:
             self.idle.remove(worker_id)
+        self.gpu_worker.pop(worker_id, None)
         lease = self._lease_of(worker_id)
         if lease is not None:
             del self.leases[lease.lease_id]
@@ -205,7 +211,7 @@ class LocalScheduler:
             if not fits(request.shape, room):
                 continue
             subtract(room, request.shape)
-            worker_id = self._idle_worker(request.requester)
+            worker_id = self._idle_worker(request.requester, request.shape.get(GPU, 0.0) > 0)
             if worker_id is None:
                 waiting += 1
                 continue
@@ -232,21 +238,26 @@ class LocalScheduler:
         for worker_id in stale:
             self.idle.remove(worker_id)
             del self.idle_ticks[worker_id]
+            self.gpu_worker.pop(worker_id, None)
         return stale
 
     def pending_shapes(self) -> list[Shape]:
         return [r.shape for r in self.pending] + [a.place_shape for a in self.actors_pending]
 
-    def _idle_worker(self, requester: bytes) -> bytes | None:
-        """An idle worker other than ``requester``, taken out of the idle pool; or None."""
+    def _idle_worker(self, requester: bytes, gpu: bool) -> bytes | None:
+        """An idle worker other than ``requester`` that has run only leases of this kind
+        (GPU or not), taken out of the idle pool; or None."""
         idle = self.idle
         if not idle:
             return None
-        if idle[0] != requester:
+        first = idle[0]
+        if first != requester and self.gpu_worker.get(first, gpu) == gpu:
+            self.gpu_worker[first] = gpu
             return idle.popleft()
         for worker_id in idle:
-            if worker_id != requester:
+            if worker_id != requester and self.gpu_worker.get(worker_id, gpu) == gpu:
                 idle.remove(worker_id)
+                self.gpu_worker[worker_id] = gpu
                 return worker_id
         return None
 

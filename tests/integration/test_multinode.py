@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import rtml
+from rtml.config import LEASE_IDLE_TIMEOUT
 from rtml.exceptions import RtmlSystemError, TaskError
 from rtml.testing import Cluster, ClusterNode
 
@@ -38,6 +39,12 @@ def sleepy_node(seconds: float) -> str:
 def visible_gpus(seconds: float = 0.0) -> str:
     time.sleep(seconds)
     return os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>")
+
+
+@rtml.remote
+def pid_and_gpus(seconds: float = 0.0) -> tuple[int, str]:
+    time.sleep(seconds)
+    return os.getpid(), os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>")
 
 
 @rtml.remote
@@ -123,6 +130,24 @@ def test_gpu_tasks_see_their_own_gpu_ids(three_nodes) -> None:
     first = rtml.get(holder.visible.remote())
     assert first in {"0", "1"}
     assert rtml.get([holder.visible.remote() for _ in range(3)]) == [first] * 3
+
+
+def test_gpu_tasks_get_workers_of_their_own(three_nodes) -> None:
+    """A worker that ran a CPU task never runs a GPU one, nor the reverse (as Ray): the
+    GPU task's imports must come after CUDA_VISIBLE_DEVICES is set."""
+    _, _, node2, _ = three_nodes
+    on_node2 = pid_and_gpus.options(scheduling_strategy=pinned(node2))
+    gpu_on_node2 = pid_and_gpus.options(scheduling_strategy=pinned(node2), num_gpus=1,
+                                        num_cpus=0)
+    cpu_runs = rtml.get([on_node2.remote(0.2) for _ in range(2)])  # both node2 CPUs busy
+    time.sleep(LEASE_IDLE_TIMEOUT + 0.2)  # their workers are back in node2's idle pool
+    gpu_runs = rtml.get([gpu_on_node2.remote(0.2) for _ in range(2)])
+    cpu_again = rtml.get([on_node2.remote() for _ in range(4)])
+    cpu_pids = {pid for pid, _ in cpu_runs + cpu_again}
+    gpu_pids = {pid for pid, _ in gpu_runs}
+    assert not cpu_pids & gpu_pids
+    assert sorted(gpus for _, gpus in gpu_runs) == ["0", "1"]
+    assert {gpus for _, gpus in cpu_runs + cpu_again} == {"<unset>"}
 
 
 def test_node_affinity_pins_and_fails_clearly(three_nodes) -> None:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 import rtml
@@ -147,6 +148,30 @@ def test_available_resources_leaves_out_what_is_all_taken() -> None:
     assert "CPU" not in rtml.available_resources()
     assert rtml.cluster_resources()["CPU"] == 2.0
     rtml.get(busy)
+
+
+MB = 1024 * 1024
+
+
+def store_free() -> float:
+    return rtml.available_resources().get("object_store_memory", 0.0)
+
+
+def settle_store_free(predicate) -> float:
+    deadline = time.monotonic() + 10
+    while not predicate(free := store_free()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return free
+
+
+def test_available_resources_count_object_store_use() -> None:
+    total = rtml.cluster_resources()["object_store_memory"]
+    before = settle_store_free(lambda free: free > total - 8 * MB)
+    held = rtml.put(np.zeros(32 * MB, dtype=np.uint8))
+    during = settle_store_free(lambda free: free <= before - 32 * MB)
+    assert before - 33 * MB <= during <= before - 32 * MB
+    del held  # freed: the bytes come back
+    assert settle_store_free(lambda free: free >= before) >= before
 
 
 def test_nodes_table_matches_runtime_context() -> None:
@@ -479,8 +504,6 @@ def test_timed_out_gets_leave_no_waiters_behind(tmp_path) -> None:
 
 def test_arguments_of_other_numeric_types_are_taken_as_python_ones(cluster: None) -> None:
     # The runtime is compiled and checks its argument types: api converts what users pass.
-    import numpy as np
-
     ref = square.remote(3)
     assert rtml.get(ref, timeout=np.int64(30)) == 9
     assert rtml.get(ref, timeout=np.float32(30.0)) == 9

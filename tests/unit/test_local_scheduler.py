@@ -237,3 +237,36 @@ def test_a_workers_request_waits_for_a_new_worker_when_only_it_is_idle() -> None
     s = with_idle(sched(cpus=2, pool=1), W1)
     commands = s.request_lease(OWNER, 1, ONE_CPU, requester=W1)
     assert grants(commands) == [] and len(starts(commands)) == 1
+
+
+def test_gpu_and_cpu_leases_never_share_a_worker() -> None:
+    s = with_idle(sched(cpus=4, pool=2, GPU=2.0), W1, W2)
+    (cpu,) = grants(s.request_lease(OWNER, 1, ONE_CPU))
+    s.return_lease(cpu.lease_id)  # W1 is idle again, a CPU worker now
+    (gpu,) = grants(s.request_lease(OWNER, 2, {"CPU": 1.0, "GPU": 1.0}))
+    assert gpu.worker_id != cpu.worker_id
+    s.return_lease(gpu.lease_id)
+    # only CPU workers idle: a GPU lease waits for a fresh worker, never takes one of them
+    (cpu2,) = grants(s.request_lease(OWNER, 3, ONE_CPU))
+    assert cpu2.worker_id == cpu.worker_id
+    commands = s.request_lease(OWNER, 4, {"GPU": 1.0})
+    (again,) = grants(commands)
+    assert again.worker_id == gpu.worker_id  # the GPU worker, not a CPU one
+    s.return_lease(cpu2.lease_id)  # a CPU worker idle; a GPU lease starts a worker instead
+    commands = s.request_lease(OWNER, 5, {"GPU": 0.5})
+    assert grants(commands) == [] and len(starts(commands)) == 1
+    (fresh,) = grants(s.worker_ready(W3))
+    assert fresh.worker_id == W3 and fresh.req_id == 5
+
+
+def test_a_reaped_or_dead_worker_forgets_its_kind() -> None:
+    s = with_idle(sched(cpus=2, pool=0, GPU=1.0), W1)
+    (g,) = grants(s.request_lease(OWNER, 1, {"GPU": 1.0}))
+    s.return_lease(g.lease_id)
+    assert s.gpu_worker == {W1: True}
+    assert s.reap_idle(ticks=1) == [W1] and s.gpu_worker == {}
+    s.worker_ready(W2)
+    grants(s.request_lease(OWNER, 2, ONE_CPU))
+    assert s.gpu_worker == {W2: False}
+    s.worker_died(W2)
+    assert s.gpu_worker == {}
