@@ -336,7 +336,8 @@ def get_actor(name: str, namespace: str | None = None) -> ActorHandle:
     ns = rt.config.namespace if namespace is None else namespace  # a worker's: its job's
     job_id = rt.job_id or context.current_job()
     info: m.ActorInfo = rt.request(rt.head, lambda req_id: m.GetActorInfo(
-        req_id, b"", name=name, namespace=ns, wait_ready=False, job_id=job_id))
+        req_id, b"", name=name, namespace=ns, wait_ready=False, job_id=job_id),
+        rt.head.request_timeout)
     if info.state in ("MISSING", "DEAD") or info.spec is None:
         where = f"namespace {ns!r}" if ns else "this job's namespace"
         raise ValueError(f"no live actor named {name!r} in {where}")
@@ -355,7 +356,8 @@ def _handle_from_spec(rt: ClientRuntime, spec: m.ActorSpec) -> ActorHandle:
 def nodes() -> list[dict[str, Any]]:
     """Every node: NodeID, Alive, NodeManagerAddress, Resources."""
     rt = context.require_runtime()
-    info: m.ClusterInfo = rt.request(rt.head, lambda req_id: m.GetClusterInfo(req_id))
+    info: m.ClusterInfo = rt.request(rt.head, lambda req_id: m.GetClusterInfo(req_id),
+                                     rt.head.request_timeout)
     return [n.as_ray() for n in info.nodes]
 
 

@@ -3,17 +3,25 @@
 Used by the embedded ``rtml.init()`` (children die with the driver) and by
 ``rtml start`` (daemons recorded in the session directory). Each child reports
 readiness on a pipe; nobody polls.
+
+The head service is kept running by a ``HeadSupervisor``: a thread of the driver for an
+embedded cluster, the ``rtml.head.supervisor`` daemon for ``rtml start --head``. It holds
+the head's listening socket, so a head started again listens where the last one did,
+and connections made in between wait in the socket's backlog.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import select
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from rtml.config import DIE_WITH_PARENT_ENV, TOKEN_ENV, HeadConfig, NodeConfig
@@ -24,7 +32,12 @@ from rtml.rpc import messages as m
 from rtml.rpc.client import make_hello, request
 from rtml.session import Session
 
+log = logging.getLogger(__name__)
+
 START_TIMEOUT = 30.0
+RESTART_BURST = 5
+RESTART_WINDOW = 60.0
+"""A head that dies RESTART_BURST times within RESTART_WINDOW s is not started again."""
 
 
 @dataclass
@@ -37,9 +50,12 @@ class StartedNode:
     node_id: str
     redis: RedisProcess | None = None
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    supervisor: HeadSupervisor | None = None  # an embedded head's (a thread of ours)
 
     def pids(self) -> list[int]:
         pids = [p.pid for p in self.procs]
+        if self.supervisor is not None and self.supervisor.proc is not None:
+            pids.append(self.supervisor.proc.pid)
         if self.redis is not None:
             pids.append(self.redis.proc.pid)
         return pids
@@ -48,6 +64,8 @@ class StartedNode:
         """Stop the node manager first (it reaps workers), then the head, then Redis."""
         for proc in reversed(self.procs):
             _terminate(proc)
+        if self.supervisor is not None:
+            self.supervisor.stop()
         if self.redis is not None:
             self.redis.stop()
 
@@ -120,14 +138,67 @@ def _read_line(fd: int, timeout: float) -> str:
     return data.decode().strip()
 
 
+class HeadSupervisor:
+    """Starts the head service, and starts it again each time it exits unasked."""
+
+    def __init__(self, session: Session, cfg: HeadConfig, listener: socket.socket,
+                 die_with_parent: bool, own_group: bool = False) -> None:
+        self.session = session
+        self.cfg = HeadConfig(**{**cfg.__dict__, "listen_fd": listener.fileno()})
+        self.listener = listener
+        self.die_with_parent = die_with_parent
+        self.own_group = own_group
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.stopping = threading.Event()
+        self._deaths: deque[float] = deque(maxlen=RESTART_BURST)
+
+    def launch(self) -> Launched:
+        launched = launch_daemon("rtml.head.main", self.cfg.to_json(), self.session, "head",
+                                 self.die_with_parent, self.cfg.token,
+                                 pass_fds=(self.listener.fileno(),), own_group=self.own_group)
+        self.proc = launched.proc
+        return launched
+
+    def watch_in_thread(self) -> None:
+        threading.Thread(target=self.watch, name="rtml-head-supervisor", daemon=True).start()
+
+    def watch(self) -> None:
+        """Block until stop(), starting the head again whenever it exits. Gives up (and
+        returns) when it keeps dying: RESTART_BURST deaths within RESTART_WINDOW s."""
+        while self.proc is not None:
+            code = self.proc.wait()
+            if self.stopping.is_set():
+                return
+            now = time.monotonic()
+            self._deaths.append(now)
+            if len(self._deaths) == RESTART_BURST and now - self._deaths[0] < RESTART_WINDOW:
+                log.error("the head service died %d times within %g s; not starting it "
+                          "again (see %s)", RESTART_BURST, RESTART_WINDOW,
+                          self.session.log_file("head"))
+                return
+            log.warning("the head service exited (code %s); starting it again", code)
+            try:
+                await_ready(self.launch(), self.session)
+            except RtmlSystemError as exc:
+                log.error("the head service did not start again: %s", exc)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self.proc is not None:
+            _terminate(self.proc)
+        self.listener.close()
+
+
 def start_head_node(session: Session, token: str, node: NodeConfig, *, port: int = 0,
                     die_with_parent: bool, own_group: bool = False) -> StartedNode:
     """Start Redis, the head service and a node manager, all on ``node.node_ip``.
 
-    The head's listening socket is bound here and handed to it, so its address is
-    known at once and the node manager starts alongside it (its connection waits
-    in the listen backlog until the head accepts). Redis listens on the node's
-    address too (other nodes write to it), always behind the cluster password.
+    The head's listening socket is bound here and handed to its supervisor, so its
+    address is known at once and the node manager starts alongside it (its connection
+    waits in the listen backlog until the head accepts). Embedded (``die_with_parent``),
+    the supervisor is a thread of this process; else the ``rtml.head.supervisor``
+    daemon. Redis listens on the node's address too (other nodes write to it), always
+    behind the cluster password.
     """
     session.create()
     session.write_token(token)
@@ -139,11 +210,14 @@ def start_head_node(session: Session, token: str, node: NodeConfig, *, port: int
     try:
         head_cfg = HeadConfig(str(session.root), token, redis.host, redis.port, host,
                               listener.getsockname()[1], listen_fd=listener.fileno())
-        head = launch_daemon("rtml.head.main", head_cfg.to_json(), session, "head",
-                             die_with_parent, token, pass_fds=(listener.fileno(),),
-                             own_group=own_group)
-        started.procs.append(head.proc)
-        listener.close()
+        if die_with_parent:
+            started.supervisor = HeadSupervisor(session, head_cfg, listener, True, own_group)
+            head = started.supervisor.launch()
+        else:
+            head = launch_daemon("rtml.head.supervisor", head_cfg.to_json(), session,
+                                 "supervisor", False, token, pass_fds=(listener.fileno(),))
+            started.procs.append(head.proc)
+            listener.close()
         node_manager = _launch_node_manager(started, node, die_with_parent, own_group)
         await_ready(head, session)
         try:
@@ -156,6 +230,8 @@ def start_head_node(session: Session, token: str, node: NodeConfig, *, port: int
         listener.close()
         started.stop()
         raise
+    if started.supervisor is not None:
+        started.supervisor.watch_in_thread()
     return started
 
 

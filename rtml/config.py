@@ -21,6 +21,15 @@ DIE_WITH_PARENT_ENV = "RTML_DIE_WITH_PARENT"
 HEARTBEAT_INTERVAL = 0.5
 DEFAULT_NODE_TIMEOUT = 10.0
 """Seconds without a heartbeat after which the head declares a node dead (RTML_NODE_TIMEOUT_S)."""
+DEFAULT_HEAD_TIMEOUT = 60.0
+"""Seconds node managers, drivers and workers wait for a head service that went away to be
+back (RTML_HEAD_TIMEOUT_S; Ray's gcs_rpc_server_reconnect_timeout_s is 60 too): meanwhile
+what needs the head waits, then fails."""
+
+
+def default_head_timeout() -> float:
+    return float(os.environ.get("RTML_HEAD_TIMEOUT_S", DEFAULT_HEAD_TIMEOUT))
+
 ZYGOTE_REAP = "reap"
 """The key of the node manager's request (``{"reap": true}``) that its worker zygote end
 what exited workers left running; nothing is written back for it."""
@@ -53,6 +62,7 @@ class NodeConfig:
     node_ip: str = "127.0.0.1"
     port: int = 0
     prestart_workers: int = -1  # -1: one per CPU
+    head_timeout: float = field(default_factory=default_head_timeout)
 
     def total_resources(self) -> dict[str, float]:
         total = {"CPU": float(self.num_cpus), "GPU": float(self.num_gpus),

@@ -51,6 +51,15 @@ class ClusterNode:
     def session_dir(self) -> str:
         return str(self.started.session.root)
 
+    @property
+    def head_pid(self) -> int:
+        """The pid of the head service running now (a head node's; its supervisor starts
+        a new one, with a new pid, when it dies)."""
+        supervisor = self.started.supervisor
+        if supervisor is None or supervisor.proc is None:
+            raise RuntimeError("this node runs no head service")
+        return supervisor.proc.pid
+
 
 class Cluster:
     """A head node plus any number of extra nodes, all on this machine."""

@@ -443,6 +443,13 @@ class ControlPlane:
                   self._hashes(self.keys.actor, self._members(self.keys.actors))]
         return sorted(actors, key=lambda a: a["actor_id"])
 
+    @_redis_errors
+    def actor_records(self) -> list[dict[str, Any]]:
+        """Every actor record with values as stored (bytes stay bytes): what a head that
+        restarted rebuilds its actor directory from."""
+        return [record for _, record in
+                self._hashes(self.keys.actor, self._members(self.keys.actors))]
+
     @_redis_errors_no_resend  # a resent SET NX that had succeeded would answer "taken"
     def set_named_actor(self, namespace: str, name: str, actor_id: bytes) -> bool:
         """Claim ``name`` in ``namespace`` for ``actor_id``; False if already taken."""

@@ -28,7 +28,7 @@ from rtml.core.remote_function import Exported
 from rtml.core.serialization import recording_contained, serialize
 from rtml.core.signatures import CallCheck
 from rtml.core.submitter import TaskRecord
-from rtml.exceptions import ActorDiedError
+from rtml.exceptions import ActorDiedError, RtmlSystemError
 from rtml.ids import random_id
 from rtml.rpc import messages as m
 from rtml.rpc.reactor import Connection
@@ -106,10 +106,17 @@ class ActorClass(Exported):
         for _, ref in built.pending:
             # The actor's worker reads these from shared memory, waiting until they exist.
             rt.refs.escaped(ref)
-        existing = _send_create(rt, spec, options)
+        caller = rt.owner.caller(spec.actor_id, spec.max_task_retries)
+        caller.created = spec  # before it is sent: a head restart in between sends it again
+        try:
+            existing = _send_create(rt, spec, options)
+        except ValueError:  # the name is taken
+            caller.created = None
+            raise
         if existing is not None and existing.spec is not None:  # get_if_exists found it
+            caller.created = None
             return handle_of(existing.spec, self._cls)
-        rt.owner.caller(spec.actor_id, spec.max_task_retries).keep_alive = built.keep_alive
+        caller.keep_alive = built.keep_alive
         return handle
 
 
@@ -121,7 +128,8 @@ def _send_create(rt: ClientRuntime, spec: m.ActorSpec,
         return None
     get_if_exists = bool(options.get("get_if_exists"))
     reply: m.ActorInfo = rt.request(
-        rt.head, lambda req_id: m.CreateActor(req_id, spec, get_if_exists))
+        rt.head, lambda req_id: m.CreateActor(req_id, spec, get_if_exists),
+        rt.head.request_timeout)
     if reply.error:
         raise ValueError(reply.error)
     return reply if reply.actor_id != spec.actor_id else None
@@ -294,6 +302,7 @@ class ActorCaller:
         self.last_address = ""
         self.node_id = b""
         self.keep_alive: list[Any] = []
+        self.created: m.ActorSpec | None = None  # this process created it: its spec
         self.sequential = False  # runs one call at a time: not threaded, not async
         self.held: list[m.PushTask] = []  # calls in flight but not yet written (see flush)
 
@@ -356,6 +365,7 @@ class ActorCaller:
         and no restart will read its constructor's arguments."""
         self.dead_error = why
         self.keep_alive = []
+        self.created = None
 
     def cancel_queued(self, record: TaskRecord) -> bool:
         """Drop a call not yet sent (under the runtime lock), letting the calls queued
@@ -373,10 +383,18 @@ class ActorCaller:
     def _resolve(self) -> None:
         self.resolving = True
         actor_id, stale = self.actor_id, self.last_address
-        self.rt.ask(self.rt.head, lambda req_id: m.GetActorInfo(
-            req_id, actor_id, wait_ready=True, stale_address=stale), self._on_info)
+        try:
+            self.rt.ask(self.rt.head, lambda req_id: m.GetActorInfo(
+                req_id, actor_id, wait_ready=True, stale_address=stale), self._on_info)
+        except RtmlSystemError as exc:  # the head is gone for good
+            self.rt.reactor.call_soon(self._on_info, exc)
 
-    def _on_info(self, info: m.ActorInfo) -> None:
+    def _on_info(self, info: m.ActorInfo | RtmlSystemError) -> None:
+        """Where the actor is (or that it is DEAD); an error if the head did not come back
+        after a restart."""
+        if isinstance(info, RtmlSystemError):
+            self._unreachable(str(info))
+            return
         if info.state == "ALIVE":
             local = info.node_id in (b"", self.rt.node_id)
             address = info.address if local else info.tcp_address
@@ -395,9 +413,13 @@ class ActorCaller:
                                    and not info.spec.is_async)
                 self.flush()
             return
+        self._unreachable(info.error or f"the actor is {info.state}")
+
+    def _unreachable(self, why: str) -> None:
+        """The actor cannot be reached, ever: the calls queued for it fail."""
         with self.rt.lock:
             self.resolving = False
-            self.ended(info.error or f"the actor is {info.state}")
+            self.ended(why)
             failed = list(self.queue)
             self.queue.clear()
         for record in failed:

@@ -36,9 +36,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rtml import objectstore
-from rtml.config import INLINE_MAX
+from rtml.config import INLINE_MAX, default_head_timeout
 from rtml.control_plane import BatchedWriter, ControlPlane
 from rtml.core import object_ref
+from rtml.core.head_link import HeadLink
 from rtml.core.memory_store import IN_STORE, Entry, MemoryStore, StoredError
 from rtml.core.object_ref import ObjectRef
 from rtml.core.owner import TaskOwner
@@ -81,6 +82,7 @@ class ClientConfig:
     namespace: str = ""
     sys_paths: tuple[str, ...] = ()
     log_to_driver: bool = True
+    head_timeout: float = field(default_factory=default_head_timeout)
 
 
 class ClientRuntime:
@@ -128,10 +130,10 @@ class ClientRuntime:
             self.node_id: bytes = reply.node_id
             self.store_namespace = reply.info["store_namespace"]
             hello.node_id = self.node_id
-            self.head, head_reply = open_connection(self.reactor, config.head_address, hello,
-                                                    self._on_head_message,
-                                                    self._on_head_closed)
-            info = head_reply.info
+            self.head = HeadLink(self.reactor, config.head_address, hello,
+                                 self._on_head_message, config.head_timeout,
+                                 self._created_actors, self._head_gone)
+            info = self.head.reply.info
             self.plane = ControlPlane(info["redis_host"], int(info["redis_port"]), self.token)
         except BaseException:
             self.reactor.stop()
@@ -164,6 +166,7 @@ class ClientRuntime:
         for conn in self.remote_nms.values():
             conn.on_close = None
             conn.close("shutdown")
+        self.head.close()
         self.writer.close()
         self.plane.close()
         self.reactor.stop()
@@ -228,9 +231,10 @@ class ClientRuntime:
     def next_request_id(self) -> int:
         return next(self._req_ids)
 
-    def request(self, conn: Connection, make: Callable[[int], m.Msg],
+    def request(self, conn: Connection | HeadLink, make: Callable[[int], m.Msg],
                 timeout: float | None = 30.0) -> Any:
-        """Send a request built with a fresh req_id and block for its reply."""
+        """Send a request built with a fresh req_id and block for its reply. Raises
+        GetTimeoutError, or the error the request failed with (RtmlSystemError)."""
         done = Flag()
         box: list[Any] = []
         req_id = self.next_request_id()
@@ -243,10 +247,14 @@ class ClientRuntime:
         conn.send(make(req_id))
         if not self.reactor.wait_serving(done, timeout):
             self._replies.pop(req_id, None)
+            if isinstance(conn, HeadLink):
+                conn.forget(req_id)
             raise GetTimeoutError(f"no reply from {conn.name} within {timeout} s")
+        if isinstance(box[0], RtmlSystemError):
+            raise box[0]
         return box[0]
 
-    def ask(self, conn: Connection, make: Callable[[int], m.Msg],
+    def ask(self, conn: Connection | HeadLink, make: Callable[[int], m.Msg],
             on_reply: Callable[[Any], None]) -> int:
         """Send a request built with a fresh req_id without waiting: ``on_reply`` gets its
         answer on the I/O thread. Returns the req_id, for :meth:`forget_reply`."""
@@ -318,6 +326,7 @@ class ClientRuntime:
             with self.lock:
                 self.owner.actor_ended(msg.actor_id, msg.error or "the actor is DEAD")
         elif isinstance(msg, (m.ActorInfo, m.ClusterInfo, m.OutputFlushed)):
+            self.head.answered(msg.req_id)
             self._deliver_reply(msg.req_id, msg)
         elif isinstance(msg, m.WorkerOutput):
             if self.config.log_to_driver:
@@ -325,9 +334,18 @@ class ClientRuntime:
                 sys.stdout.write("".join(prefix + line for line in msg.text.splitlines(True)))
                 sys.stdout.flush()
 
-    def _on_head_closed(self, conn: Connection, reason: str) -> None:
-        if not self.closed:
-            log.error("lost the head service (%s)", reason)
+    def _created_actors(self) -> list[m.Msg]:
+        """For a head that took over: the actors this process created and that are not
+        known DEAD, which it may never have heard of or recorded (creating one again is a
+        no-op at the head)."""
+        with self.lock:
+            return [m.CreateActor(0, caller.created) for caller in self.owner.callers()
+                    if caller.created is not None and not caller.dead_error]
+
+    def _head_gone(self, error: RtmlSystemError, req_ids: list[int]) -> None:
+        """The head did not come back in time: what waits for it fails."""
+        for req_id in req_ids:
+            self._deliver_reply(req_id, error)
 
     # -- objects -------------------------------------------------------------------------------
 

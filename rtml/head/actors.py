@@ -18,6 +18,19 @@ arguments.
 
 Placement is the head's: the directory is given ``pick_node(spec) -> node id | None``
 and ``node_alive(node_id)`` and asks them, so a test drives it with plain functions.
+
+A head that restarted rebuilds the directory (recovery):
+
+    restore(record)... from the control plane: every actor as last recorded, its owner
+                       "orphaned" (not yet reconnected) unless detached
+    create(spec) again  its creator reconnected and sent it again: its own again
+    node_back(node, hosted)  a node re-registered with the actors it runs or is starting:
+                       those are placed there (ALIVE if constructed); ones recorded there
+                       but not hosted died (ALIVE) or were never started (placed again)
+    nodes_back()       every node recorded alive is back or declared dead: placement,
+                       held back until now so nothing starts twice, resumes
+    owners_gone()      the reconnection window closed: actors still orphaned end, as
+                       when their owner dies
 """
 
 from __future__ import annotations
@@ -68,6 +81,7 @@ class Actor:
     error: str = ""
     no_restart: bool = False
     name_released: bool = False  # killed for good: its name is free before it is DEAD
+    orphaned: bool = False  # restored after a head restart; its owner has not reconnected
     waiters: list[Waiter] = field(default_factory=list)
 
     def info(self, req_id: int) -> m.ActorInfo:
@@ -109,11 +123,12 @@ class Record:
     address: str
     restarts: int
     error: str
+    tcp_address: str = ""
 
     @classmethod
     def of(cls, actor: Actor) -> Record:
         return cls(actor.spec, actor.state, actor.node_id, actor.address, actor.restarts,
-                   actor.error)
+                   actor.error, actor.tcp_address)
 
 
 @dataclass(frozen=True)
@@ -132,6 +147,9 @@ class ReleaseName:
 
 Command = StartActor | KillWorker | Answer | Record | ClaimName | ReleaseName
 
+OWNER_DIED = ("its owner (the process that created it) died; create it with "
+              "lifetime='detached' to outlive its creator")
+
 
 class ActorDirectory:
     """Every actor the head knows, by id, and the ones waiting for a node to fit."""
@@ -140,6 +158,7 @@ class ActorDirectory:
                  node_alive: Callable[[bytes], bool]) -> None:
         self.actors: dict[bytes, Actor] = {}
         self.pending: list[bytes] = []
+        self.recovering = False  # placement waits until the recorded nodes are back
         self._pick_node = pick_node
         self._node_alive = node_alive
 
@@ -148,6 +167,10 @@ class ActorDirectory:
     def create(self, peer: Caller, req_id: int, spec: m.ActorSpec,
                get_if_exists: bool) -> list[Command]:
         """A driver or worker asked for a new actor (``req_id`` 0: it does not wait)."""
+        known = self.actors.get(spec.actor_id)
+        if known is not None:  # sent again across a head restart: it is its creator's
+            known.owner, known.orphaned = peer, False
+            return [Answer(peer, known.info(req_id))] if req_id else []
         if spec.name:
             existing = self.named(spec.namespace, spec.name)
             if existing is not None:
@@ -156,10 +179,11 @@ class ActorDirectory:
         commands: list[Command] = []
         if spec.name:
             commands.append(ClaimName(spec.namespace, spec.name, spec.actor_id))
-        commands.append(Record.of(actor))
+        placed = self._place(actor)  # recorded with its node: a head that takes over
+        commands.append(Record.of(actor))  # asks that node whether it started it
         if req_id:
             commands.append(Answer(peer, actor.info(req_id)))
-        return commands + self._place(actor)
+        return commands + placed
 
     def started(self, actor_id: bytes, node_id: bytes, address: str, tcp_address: str,
                 error: str) -> list[Command]:
@@ -188,8 +212,9 @@ class ActorDirectory:
                 f"its process died ({reason}) and max_restarts={actor.spec.max_restarts} "
                 f"is used up"))
         actor.restarts += 1
-        actor.state, actor.address = ActorState.RESTARTING, ""
-        return [Record.of(actor), *self._place(actor)]
+        actor.state, actor.address, actor.node_id = ActorState.RESTARTING, "", b""
+        placed = self._place(actor)
+        return [Record.of(actor), *placed]
 
     def kill(self, actor_id: bytes, no_restart: bool, reason: str) -> list[Command]:
         """``rtml.kill``, or its last handle went out of scope."""
@@ -226,9 +251,71 @@ class ActorDirectory:
             if actor.owner is peer and not actor.spec.detached \
                     and actor.state is not ActorState.DEAD:
                 actor.owner = None  # nobody left to tell
-                commands += self.kill(actor.spec.actor_id, True, "its owner (the process "
-                                      "that created it) died; create it with "
-                                      "lifetime='detached' to outlive its creator")
+                commands += self.kill(actor.spec.actor_id, True, OWNER_DIED)
+        return commands
+
+    # -- recovery after a head restart ----------------------------------------------------
+
+    def restore(self, spec: m.ActorSpec, state: ActorState, node_id: bytes, address: str,
+                tcp_address: str, restarts: int, error: str) -> None:
+        """An actor as the control plane last recorded it. One (re)starting (PENDING,
+        RESTARTING) waits for its node to say whether it hosts it, or to be declared
+        dead."""
+        actor = Actor(spec, owner=None, state=state, node_id=node_id, restarts=restarts,
+                      error=error)
+        if state is ActorState.ALIVE:
+            actor.address, actor.tcp_address = address, tcp_address
+        actor.orphaned = state is not ActorState.DEAD and not spec.detached
+        actor.name_released = state is ActorState.DEAD
+        self.actors[spec.actor_id] = actor
+
+    def node_back(self, node_id: bytes, hosted: list[m.HostedActor]) -> list[Command]:
+        """A node re-registered, running (or starting) exactly ``hosted``."""
+        commands: list[Command] = []
+        here = set()
+        for entry in hosted:
+            actor_id = entry.spec.actor_id
+            here.add(actor_id)
+            actor = self.actors.get(actor_id)
+            if actor is None:  # its records never reached the control plane
+                actor = self.actors[actor_id] = Actor(entry.spec, owner=None)
+                actor.orphaned = not entry.spec.detached
+            if actor.state is ActorState.DEAD:
+                commands.append(KillWorker(node_id, actor_id))
+                continue
+            actor.node_id = node_id
+            if entry.address:
+                commands += self.started(actor_id, node_id, entry.address, entry.tcp_address,
+                                         "")
+        for actor in list(self.actors.values()):
+            if actor.node_id != node_id or actor.spec.actor_id in here:
+                continue
+            if actor.state is ActorState.ALIVE:
+                commands += self.worker_died(actor.spec.actor_id,
+                                             "its worker was gone when its node rejoined")
+            elif actor.state is not ActorState.DEAD:  # its StartActor never arrived
+                actor.node_id = b""
+                commands += self._place(actor)
+        return commands
+
+    def nodes_back(self) -> list[Command]:
+        """Every node recorded alive is back or dead: place what no node hosts."""
+        self.recovering = False
+        for actor in self.actors.values():
+            if actor.state in (ActorState.PENDING, ActorState.RESTARTING) \
+                    and not self._node_alive(actor.node_id) \
+                    and actor.spec.actor_id not in self.pending:
+                actor.node_id = b""
+                self.pending.append(actor.spec.actor_id)
+        return self.place_pending()
+
+    def owners_gone(self) -> list[Command]:
+        """The owners that were to reconnect did not: their actors end (fate sharing)."""
+        commands: list[Command] = []
+        for actor in list(self.actors.values()):
+            if actor.orphaned:
+                actor.orphaned = False
+                commands += self.kill(actor.spec.actor_id, True, OWNER_DIED)
         return commands
 
     def lookup(self, peer: Caller, msg: m.GetActorInfo) -> list[Command]:
@@ -268,7 +355,7 @@ class ActorDirectory:
     # -- transitions -------------------------------------------------------------------------
 
     def _place(self, actor: Actor) -> list[Command]:
-        node_id = self._pick_node(actor.spec)
+        node_id = None if self.recovering else self._pick_node(actor.spec)
         if node_id is None:
             if actor.spec.actor_id not in self.pending:
                 self.pending.append(actor.spec.actor_id)

@@ -1,6 +1,8 @@
 """The head service process: ``python -m rtml.head.main CONFIG_JSON READY_FD``.
 
     launcher (rtml.cluster) --config, a bound listening socket--> main()
+        HeadService.recover(): what an earlier head recorded in the control plane (a head
+                               restarted by its supervisor takes over from there)
         HeadService serves node managers and drivers on that socket
         one task group: the liveness watch (nodes silent for node_timeout s die)
         --"ok host:port"--> readiness pipe
@@ -35,6 +37,7 @@ log = logging.getLogger(__name__)
 
 async def serve(cfg: HeadConfig, ready: ReadyPipe) -> None:
     head = HeadService(cfg)
+    await asyncio.to_thread(head.recover)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, _stop_on_signal, head, sig)

@@ -11,6 +11,17 @@
     driver disconnects --> its job ends; its non-detached actors are killed; its tasks
                            still PENDING are recorded FAILED (at job end only)
 
+A head that restarted (its supervisor starts it again on the same listening socket)
+first rebuilds what its predecessor knew from the control plane (``recover``): the nodes
+recorded alive, the jobs still running, every actor with its spec. Node managers, drivers
+and workers reconnect on their own. A node rejoins with the actors it runs; a driver's
+hello takes its job back; a creator sends its actors' CreateActor again, which makes them
+its own again (and creates any whose record was lost). Within node_timeout s
+of the restart, what did not come back is dead: nodes (their actors restart elsewhere),
+jobs (ended as when their driver leaves), and the orphaned actors of owners that never
+reconnected. Actor placement waits until every recorded node is back or dead, so an
+actor a node is still starting is not started twice.
+
 The decisions are the pure cores': ``GlobalScheduler`` (``rtml.scheduler.placement``)
 places leases, ``ActorDirectory`` runs actors' lives; this module turns messages into
 their events and their commands into messages and control-plane writes.
@@ -28,6 +39,8 @@ import logging
 import time
 from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from rtml.config import HeadConfig
 from rtml.control_plane import BatchedWriter, ControlPlane
@@ -78,8 +91,48 @@ class HeadService(Service):
         self.output_fences: dict[int, tuple[Peer, int, set[bytes]]] = {}  # see _flush_output
         self._fence_ids = 0
         self.stopped = asyncio.Event()
+        # After a restart, until recovery_deadline: what the predecessor knew, not back yet.
+        self.expected_nodes: set[bytes] = set()
+        self.expected_jobs: set[bytes] = set()
+        self.recovery_deadline: float | None = None
+        self.recorded_nodes: dict[bytes, m.NodeInfo] = {}  # as the predecessor knew them
+
+    def recover(self) -> None:
+        """Rebuild what a predecessor recorded (nothing, on a new cluster). Blocking: runs
+        before the head serves anyone."""
+        nodes = self.plane.list_nodes()
+        for node in nodes:
+            node_id = bytes.fromhex(node["NodeID"])
+            self.recorded_nodes[node_id] = m.NodeInfo(
+                node_id, node["Alive"], node["NodeManagerAddress"], node["Resources"],
+                node["Available"], node.get("session_dir", ""))
+            if node["Alive"]:
+                self.expected_nodes.add(node_id)
+        for job in self.plane.list_jobs():
+            job_id = bytes.fromhex(job["JobID"])
+            self.namespaces[job_id] = job.get("namespace", "")
+            if not job["IsDead"]:
+                self.expected_jobs.add(job_id)
+        records = self.plane.actor_records()
+        for record in records:
+            if "spec" in record:
+                self.actors.restore(msgspec.msgpack.decode(record["spec"], type=m.ActorSpec),
+                                    ad.ActorState(record["state"]),
+                                    bytes.fromhex(record["node_id"]), record["address"],
+                                    record.get("tcp_address", ""), record["restarts"],
+                                    record["error"])
+        if nodes or records or self.expected_jobs:
+            self.recovery_deadline = time.monotonic() + self.cfg.node_timeout
+            self.actors.recovering = bool(self.expected_nodes)
+            log.warning("taking over from an earlier head: %d nodes, %d jobs and %d actors "
+                        "recorded; waiting up to %g s for them to reconnect",
+                        len(self.expected_nodes), len(self.expected_jobs), len(records),
+                        self.cfg.node_timeout)
 
     def on_hello(self, peer: Peer, hello: m.Hello) -> m.HelloReply:
+        if hello.role == "driver" and hello.job_id in self.expected_jobs:  # came back
+            self.expected_jobs.discard(hello.job_id)
+            self.jobs[hello.job_id] = peer
         return m.HelloReply(ok=True, info={"redis_host": self.cfg.redis_host,
                                            "redis_port": str(self.cfg.redis_port)})
 
@@ -97,13 +150,16 @@ class HeadService(Service):
         for job_id, job_peer in list(self.jobs.items()):
             if job_peer is peer:
                 del self.jobs[job_id]
-                self.writes.write(self.plane.finish_job, job_id)
-                self.writes.write(self.plane.put_job, job_id,
-                                  {"status": "FINISHED", "end_ts": time.time()})
-                self._event("JobFinished", job_id=job_id)
-                self._carry_out(self.actors.job_ended(job_id, "its driver exited"))
-                self.writes.aside(fail_pending_tasks, self.plane, job_id)
+                self._job_ended(job_id, "its driver exited")
         self._carry_out(self.actors.owner_gone(peer))
+
+    def _job_ended(self, job_id: bytes, why: str) -> None:
+        self.writes.write(self.plane.finish_job, job_id)
+        self.writes.write(self.plane.put_job, job_id,
+                          {"status": "FINISHED", "end_ts": time.time()})
+        self._event("JobFinished", job_id=job_id)
+        self._carry_out(self.actors.job_ended(job_id, why))
+        self.writes.aside(fail_pending_tasks, self.plane, job_id)
 
     def close(self) -> None:
         """Give the queued writes up to CLOSE_TIMEOUT s, then close the control plane
@@ -120,6 +176,10 @@ class HeadService(Service):
     # -- nodes and jobs ----------------------------------------------------------------------
 
     def _register_node(self, peer: Peer, msg: m.RegisterNode) -> None:
+        known = self.nodes.get(msg.node_id)
+        if msg.rejoin and known is not None:  # declared dead while it was away
+            peer.send(m.Shutdown())
+            return
         view = pl.NodeView(msg.node_id, msg.address, msg.resources, dict(msg.resources),
                            last_heartbeat=time.monotonic())
         self.nodes[msg.node_id] = NodeState(view, peer, msg.session_dir, msg.transfer_address)
@@ -131,7 +191,37 @@ class HeadService(Service):
                     resources=msg.resources)
         self._broadcast_nodes()
         self._decided(self.sched.node_added(view))
+        if msg.rejoin:
+            self._carry_out(self.actors.node_back(msg.node_id, msg.actors))
+            self._node_back(msg.node_id)
         self._carry_out(self.actors.place_pending())
+
+    def _node_back(self, node_id: bytes) -> None:
+        if node_id in self.expected_nodes:
+            self.expected_nodes.discard(node_id)
+            if not self.expected_nodes:
+                self._carry_out(self.actors.nodes_back())
+
+    def _end_recovery(self) -> None:
+        """The reconnection window closed: what the predecessor knew and is not back is
+        dead."""
+        self.recovery_deadline = None
+        for node_id in self.expected_nodes:
+            reason = f"it did not rejoin within {self.cfg.node_timeout:g} s of a head restart"
+            self.writes.write(self.plane.mark_node_dead, node_id)
+            self._event("NodeDied", node_id=node_id, reason=reason)
+            notice = m.NodeDied(node_id, reason)
+            for node in self.nodes.values():
+                if node.alive:
+                    node.peer.send(notice)
+            self._carry_out(self.actors.node_died(node_id, reason))
+        self.expected_nodes.clear()
+        if self.actors.recovering:
+            self._carry_out(self.actors.nodes_back())
+        for job_id in self.expected_jobs:
+            self._job_ended(job_id, "its driver did not reconnect after a head restart")
+        self.expected_jobs.clear()
+        self._carry_out(self.actors.owners_gone())
 
     def _transfer_ready(self, peer: Peer, msg: m.NodeTransferReady) -> None:
         node = self.nodes.get(msg.node_id)
@@ -153,7 +243,10 @@ class HeadService(Service):
             self._carry_out(self.actors.place_pending())
 
     def check_liveness(self) -> None:
-        """Declare dead every node silent for longer than the node timeout."""
+        """Declare dead every node silent for longer than the node timeout (and, after a
+        restart, what did not come back in time)."""
+        if self.recovery_deadline is not None and time.monotonic() >= self.recovery_deadline:
+            self._end_recovery()
         for node_id in self.sched.expired(time.monotonic(), self.cfg.node_timeout):
             self._node_died(node_id, f"it sent no heartbeat for {self.cfg.node_timeout:g} s")
 
@@ -183,7 +276,8 @@ class HeadService(Service):
                              msg.must_move)
         decision = self.sched.place(request)
         if isinstance(decision, pl.Pending):
-            peer.send(m.LeasePlaced(msg.req_id, b"", "", infeasible=True))
+            if not self.expected_nodes:  # else a node that rejoins soon may well fit it
+                peer.send(m.LeasePlaced(msg.req_id, b"", "", infeasible=True))
         elif not isinstance(decision, pl.Parked):
             self._decided([decision])
 
@@ -251,9 +345,15 @@ class HeadService(Service):
                 driver.send(msg)
 
     def _cluster_info(self, peer: Peer, msg: m.GetClusterInfo) -> None:
-        peer.send(m.ClusterInfo(msg.req_id, [
-            m.NodeInfo(n.view.node_id, n.alive, n.view.address, n.view.total,
-                       n.view.available, n.session_dir) for n in self.nodes.values()]))
+        """Every node: those registered with us, and those only our predecessor knew
+        (alive while they may still rejoin)."""
+        nodes = [m.NodeInfo(n.view.node_id, n.alive, n.view.address, n.view.total,
+                            n.view.available, n.session_dir) for n in self.nodes.values()]
+        for node_id, info in self.recorded_nodes.items():
+            if node_id not in self.nodes:
+                info.alive = node_id in self.expected_nodes
+                nodes.append(info)
+        peer.send(m.ClusterInfo(msg.req_id, nodes))
 
     # -- actors ------------------------------------------------------------------------------
 
@@ -323,7 +423,8 @@ class HeadService(Service):
             "state": state, "name": spec.name, "namespace": spec.namespace,
             "job_id": spec.job_id.hex(), "node_id": record.node_id.hex(),
             "address": record.address, "restarts": record.restarts, "error": record.error,
-            "detached": spec.detached, "max_restarts": spec.max_restarts})
+            "detached": spec.detached, "max_restarts": spec.max_restarts,
+            "tcp_address": record.tcp_address, "spec": msgspec.msgpack.encode(spec)})
 
     _handlers: dict[type, Any] = {
         m.RegisterNode: _register_node, m.NodeHeartbeat: _heartbeat,

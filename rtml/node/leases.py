@@ -118,6 +118,11 @@ class LeaseRouter:
                 commands += self._withdraw(client, spilling.msg.req_id)
         return commands
 
+    def respill(self) -> list[m.SpillLease]:
+        """Every request the head was placing, to ask again of a head that restarted."""
+        return [self._spill_msg(spill_id, spilling)
+                for spill_id, spilling in self.spilling.items()]
+
     def waiting_shapes(self) -> list[Shape]:
         """The demand no node can serve now (for the heartbeat): queued here, or
         infeasible everywhere."""
@@ -135,8 +140,13 @@ class LeaseRouter:
         self._spill_ids += 1
         self.spilling[self._spill_ids] = Spilling(client, msg, queued_here)
         self._spill_of[(client, msg.req_id)] = self._spill_ids
-        return [ToHead(m.SpillLease(self._spill_ids, msg.shape, msg.strategy,
-                                    msg.preferred_node, must_move=not queued_here))]
+        return [ToHead(self._spill_msg(self._spill_ids, self.spilling[self._spill_ids]))]
+
+    @staticmethod
+    def _spill_msg(spill_id: int, spilling: Spilling) -> m.SpillLease:
+        msg = spilling.msg
+        return m.SpillLease(spill_id, msg.shape, msg.strategy, msg.preferred_node,
+                            must_move=not spilling.queued_here)
 
     def _withdraw(self, client: Any, req_id: int) -> list[Any]:
         spill_id = self._spill_of.pop((client, req_id), None)

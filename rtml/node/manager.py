@@ -11,6 +11,9 @@
     head service <--TCP-- RegisterNode, NodeHeartbeat (resources, pending demand),
                           StartActor -> dedicated worker -> ActorStarted
                  --> NodeTable (addresses of the other nodes), NodeDied (forwarded to clients)
+                 gone (not a Shutdown): workers and actors keep running; reconnect for up
+                 to head_timeout s (rtml.node.head_link), RegisterNode(rejoin) with the
+                 actors hosted here, spilled requests sent again
     worker exit (pidfd) -> lease freed, holds dropped, pool refilled, head told
 
 The process's entry is :mod:`rtml.node.main`, which starts the worker zygote first.
@@ -39,14 +42,15 @@ from rtml.daemon import (
     run_until_stopped,
     setup_logging,
 )
-from rtml.exceptions import ProtocolError, RtmlSystemError
+from rtml.exceptions import RtmlSystemError
 from rtml.ids import random_id
+from rtml.node.head_link import HeadLink
 from rtml.node.leases import LeaseRouter, Reply, ToHead
 from rtml.node.links import NodeLinks
 from rtml.node.objects import ObjectManager
 from rtml.node.workers import WorkerLauncher, WorkerProc
 from rtml.rpc import messages as m
-from rtml.rpc.client import FramedClient, make_hello
+from rtml.rpc.client import make_hello
 from rtml.rpc.server import Peer, Service, protocol_factory
 from rtml.scheduler.local import Grant, LocalScheduler, StartActor, StartWorker, StopWorker
 from rtml.session import Session
@@ -87,6 +91,7 @@ class NodeManager(Service):
         self.stopped = asyncio.Event()
         self.registered = asyncio.Event()  # the head answered our registration
         self.transfer_started = False
+        self.transfer_address = ""
         self.plane: ControlPlane | None = None
         self.clients: set[Peer] = set()
         self.other_nodes: set[bytes] = set()
@@ -96,6 +101,7 @@ class NodeManager(Service):
                                      cfg.object_store_memory, self.token, self.links,
                                      self._end_actor)
         self.launcher = WorkerLauncher(zygote, self._worker_gone)
+        self.head = HeadLink(cfg.head_address, make_hello(self.token, "node", self.node_id))
 
     def _link_answer(self, msg: m.Msg) -> None:
         if isinstance(msg, m.ObjectLocated):
@@ -123,12 +129,22 @@ class NodeManager(Service):
         self.tcp_server = await loop.create_server(protocol_factory(self), self.cfg.node_ip,
                                                    self.cfg.port)
         self.address = f"{self.cfg.node_ip}:{self.tcp_server.sockets[0].getsockname()[1]}"
-        self.head, reply = await self._connect_head()
+        reply = await self.head.connect(HEAD_CONNECT_TIMEOUT)
         self.plane = ControlPlane(reply.info["redis_host"], int(reply.info["redis_port"]),
                                   self.token)
-        self.head.send(m.RegisterNode(self.node_id, self.address, self.unix_path,
-                                      self.sched.total, str(self.session.root)))
+        self.head.send(self._registration(rejoin=False))
         self._run(self.sched.ensure_pool(0))
+
+    def _registration(self, rejoin: bool) -> m.RegisterNode:
+        msg = m.RegisterNode(self.node_id, self.address, self.unix_path, self.sched.total,
+                             str(self.session.root), self.transfer_address, rejoin=rejoin)
+        if rejoin:
+            ready = {w.actor_id: w for w in self.workers.values() if w.actor_ready}
+            msg.actors = [m.HostedActor(spec, *((ready[actor_id].address,
+                                                 ready[actor_id].tcp_address)
+                                                if actor_id in ready else ()))
+                          for actor_id, spec in self.actor_specs.items()]
+        return msg
 
     async def ready_when_registered(self, ready: ReadyPipe) -> None:
         """Report ready once the head answered our registration, so that ``rtml.nodes()``
@@ -140,29 +156,8 @@ class NodeManager(Service):
                                   f"node's registration within {REGISTER_TIMEOUT:g} s") from None
         ready.report(f"ok {self.node_id.hex()} unix:{self.unix_path}")
 
-    async def _connect_head(self) -> tuple[FramedClient, m.HelloReply]:
-        """Connect and register with the head, retrying a connection that fails or drops
-        for up to HEAD_CONNECT_TIMEOUT s (a refusal of our token is final)."""
-        address = self.cfg.head_address
-        hello = make_hello(self.token, "node", self.node_id)
-        deadline = time.monotonic() + HEAD_CONNECT_TIMEOUT
-        delay = 0.05
-        while True:
-            try:
-                return await FramedClient.connect(address, hello)
-            except ProtocolError as exc:
-                raise RtmlSystemError(f"the head at {address} refused this node: "
-                                      f"{exc}") from None
-            except (OSError, TimeoutError) as exc:
-                if time.monotonic() + delay > deadline:
-                    raise RtmlSystemError(
-                        f"cannot reach the head at {address} ({exc or 'timed out'}); check "
-                        f"the address and that `rtml start --head` runs there") from None
-                log.warning("connecting to the head at %s failed (%r); retrying", address, exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
-
     def _transfer_ready(self, address: str) -> None:
+        self.transfer_address = address
         self.head.send(m.NodeTransferReady(self.node_id, address))
 
     async def heartbeat_loop(self) -> None:
@@ -183,12 +178,20 @@ class NodeManager(Service):
         return available
 
     async def head_loop(self) -> None:
-        try:
-            while True:
-                self._on_head_message(await self.head.receive())
-        except (ConnectionError, OSError) as exc:
-            log.error("lost the head service: %s; stopping", exc)
-            self.stopped.set()
+        """The head's messages; when the head goes away, wait for it to be back (its
+        supervisor restarts it) and rejoin. Raises RtmlSystemError if it is not back
+        within head_timeout s (the node manager then stops)."""
+        while True:
+            try:
+                while True:
+                    self._on_head_message(await self.head.receive())
+            except (ConnectionError, OSError) as exc:
+                timeout = self.cfg.head_timeout
+                log.warning("lost the head service (%s); workers and actors keep running, "
+                            "reconnecting for up to %g s", exc, timeout)
+            await self.head.connect(timeout)
+            self.head.rejoin([self._registration(rejoin=True), *self.leases.respill()])
+            log.info("rejoined the head service at %s", self.cfg.head_address)
 
     def _on_head_message(self, msg: Any) -> None:
         if isinstance(msg, m.StartActor):
@@ -291,6 +294,7 @@ class NodeManager(Service):
     def _actor_ready(self, peer: Peer, client: Client, msg: m.ActorReady) -> None:
         worker = client.worker
         if worker is not None:
+            worker.actor_ready = not msg.error
             self.head.send(m.ActorStarted(msg.actor_id, worker.worker_id, worker.address,
                                           msg.error, worker.tcp_address, self.node_id))
 
@@ -416,6 +420,7 @@ class NodeManager(Service):
     async def shutdown(self) -> None:
         self.stopped.set()
         await self.launcher.stop(list(self.workers.values()))
+        self.head.close()
         self.links.close()
         self.objects.shutdown(self.plane)
         with contextlib.suppress(FileNotFoundError):

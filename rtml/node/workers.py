@@ -39,6 +39,7 @@ class WorkerProc:
     peer: Any = None
     address: str = ""  # unix socket (owners on this node)
     tcp_address: str = ""  # owners on other nodes
+    actor_ready: bool = False  # its actor's constructor ran
     gone: bool = False
     pidfd: int = -1  # open while the process is known to be alive
     doomed: bool = False  # killed before its fork was reported: killed once it is

@@ -243,15 +243,19 @@ def test_lookups_of_unknown_actors_answer_missing() -> None:
 def test_records_hold_the_state_of_their_own_transition() -> None:
     d, nodes = directory()
     actor_id = spec().actor_id
-    (created, *_) = d.create(Caller(), 0, spec(max_restarts=1), get_if_exists=False)
+    (created, *_) = d.create(Caller(), 0, spec(max_restarts=2), get_if_exists=False)
     assert isinstance(created, Record)
-    assert (created.state, created.node_id) == (ActorState.PENDING, b"")  # placed after
+    # Recorded with the node it starts on: a head that takes over asks that node for it.
+    assert (created.state, created.node_id) == (ActorState.PENDING, A)
     d.started(actor_id, A, "unix:/w", "", "")
     nodes.fits = B
     (restarting, start) = d.worker_died(actor_id, "SIGKILL")
     assert isinstance(restarting, Record) and restarting.state is ActorState.RESTARTING
-    assert restarting.node_id == A and restarting.restarts == 1  # where it died
-    assert start == StartActor(B, spec(max_restarts=1))
+    assert restarting.node_id == B and restarting.restarts == 1  # where it starts again
+    assert start == StartActor(B, spec(max_restarts=2))
+    nodes.fits = None
+    (waiting,) = d.worker_died(actor_id, "SIGKILL")  # no node fits: recorded without one
+    assert isinstance(waiting, Record) and waiting.node_id == b""
 
 
 def test_an_actor_killed_while_waiting_for_a_node_leaves_the_waiting_list() -> None:

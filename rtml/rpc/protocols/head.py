@@ -3,6 +3,7 @@ service.
 
     node manager --RegisterNode / NodeTransferReady / NodeHeartbeat--> head
                  <--NodeTable / NodeDied / Shutdown--
+                 --RegisterNode(rejoin, the actors it hosts)--> a head that restarted
     node manager --SpillLease / CancelLeaseRequest--> <--LeasePlaced (the global scheduler)
     node manager <--StartActor / KillActorWorker-- --ActorStarted / ActorWorkerDied-->
     client --RegisterJob / CreateActor / GetActorInfo / KillActor / GetClusterInfo-->
@@ -19,6 +20,14 @@ import msgspec
 from rtml.rpc.protocols.base import ActorSpec, Msg
 
 
+class HostedActor(msgspec.Struct, array_like=True, gc=False):
+    """An actor a node manager runs or is starting, as it tells a restarted head."""
+
+    spec: ActorSpec
+    address: str = ""  # "": its constructor has not finished yet
+    tcp_address: str = ""
+
+
 class RegisterNode(Msg, tag=50):
     node_id: bytes
     address: str  # host:port of the node manager (TCP)
@@ -26,6 +35,8 @@ class RegisterNode(Msg, tag=50):
     resources: dict[str, float]
     session_dir: str
     transfer_address: str = ""  # gRPC object transfer; sent later by NodeTransferReady
+    rejoin: bool = False  # the head it registered with went away; this one took over
+    actors: list[HostedActor] = []  # on rejoin: every actor it runs or is starting
 
 
 class NodeTransferReady(Msg, tag=64):
