@@ -214,10 +214,8 @@ def start_head_node(session: Session, token: str, node: NodeConfig, *, port: int
             started.supervisor = HeadSupervisor(session, head_cfg, listener, True, own_group)
             head = started.supervisor.launch()
         else:
-            head = launch_daemon("rtml.head.supervisor", head_cfg.to_json(), session,
-                                 "supervisor", False, token, pass_fds=(listener.fileno(),))
+            head = _launch_supervisor(session, head_cfg, listener)
             started.procs.append(head.proc)
-            listener.close()
         node_manager = _launch_node_manager(started, node, die_with_parent, own_group)
         await_ready(head, session)
         try:
@@ -233,6 +231,30 @@ def start_head_node(session: Session, token: str, node: NodeConfig, *, port: int
     if started.supervisor is not None:
         started.supervisor.watch_in_thread()
     return started
+
+
+def _launch_supervisor(session: Session, cfg: HeadConfig,
+                       listener: socket.socket) -> Launched:
+    """The ``rtml.head.supervisor`` daemon, handed ``listener`` (closed here)."""
+    try:
+        return launch_daemon("rtml.head.supervisor", cfg.to_json(), session, "supervisor",
+                             False, cfg.token, pass_fds=(listener.fileno(),))
+    finally:
+        listener.close()
+
+
+def take_over_head(session: Session, token: str, head_address: str, redis_host: str,
+                   redis_port: int) -> subprocess.Popen[bytes]:
+    """Start a head supervisor (and head) for a head node whose supervisor died while its
+    Redis lives on: on the recorded address, taking over from what Redis recorded (the
+    node managers rejoin it). Returns the supervisor's process."""
+    host, _, port = head_address.rpartition(":")
+    listener = _bind(host, int(port))
+    cfg = HeadConfig(str(session.root), token, redis_host, redis_port, host, int(port),
+                     listen_fd=listener.fileno())
+    launched = _launch_supervisor(session, cfg, listener)
+    await_ready(launched, session)
+    return launched.proc
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -43,6 +43,8 @@ HELLO_TIMEOUT = 5.0
 
 def cmd_start(args: argparse.Namespace) -> int:
     session = session_of(args)
+    if args.head and _take_over_head(session):
+        return 0
     _refuse_if_running(session)
     if args.head:
         return _start_head(args, session)
@@ -77,6 +79,32 @@ def _start_head(args: argparse.Namespace, session: Session) -> int:
     _write_record(started, "head", started.redis.host, started.redis.port)
     _print_head_started(started, token, session)
     return _block(started) if args.block else 0
+
+
+def _take_over_head(session: Session) -> bool:
+    """The session's head supervisor died (so its head service) while its Redis lives:
+    start both again, on the recorded address, taking over from Redis; its node managers
+    rejoin. False when there is no such head to take over."""
+    record = session.read_record()
+    token = session.read_token()
+    if record is None or record.get("role") != "head" or not token:
+        return False
+    by_name = {p["name"]: p for p in _recorded_processes(record)}
+    supervisor, redis = by_name.get("supervisor"), by_name.get("redis")
+    if supervisor is None or redis is None or _alive(supervisor) or not _alive(redis):
+        return False
+    try:
+        proc = cluster.take_over_head(session, token, record["head_address"],
+                                      record["redis_host"], int(record["redis_port"]))
+    except RtmlSystemError as exc:
+        raise CliError(f"could not start the head again in {session.root}: {exc}") from None
+    supervisor.update(pid=proc.pid, start_time=_start_time(proc.pid))
+    record["pids"] = [p["pid"] for p in record["processes"]]
+    session.write_record(record)
+    print(f"Started the head service again in session {session.root}, taking over from "
+          f"its control plane (Redis at {record['redis_host']}:{record['redis_port']})")
+    print(f"RTML_ADDRESS={record['head_address']}", flush=True)
+    return True
 
 
 def _start_worker_node(args: argparse.Namespace, session: Session) -> int:

@@ -266,3 +266,108 @@ def test_an_actor_killed_while_waiting_for_a_node_leaves_the_waiting_list() -> N
     assert d.pending == [] and d.actors[spec().actor_id].state is ActorState.DEAD
     nodes.fits = A
     assert d.place_pending() == []
+
+
+# -- recovery after a head restart ---------------------------------------------------------
+
+def recorded(commands: list[Command]) -> list[str]:
+    return [c.state.value for c in commands if isinstance(c, Record)]
+
+
+def recovering() -> tuple[ActorDirectory, Nodes]:
+    d, nodes = directory()
+    d.recovering = True
+    return d, nodes
+
+
+def test_a_restored_alive_actor_answers_at_once_and_stays_where_it_runs() -> None:
+    d, _ = recovering()
+    d.restore(spec(), ActorState.ALIVE, A, "unix:/w", "1.2.3.4:5", 0, "")
+    (answer,) = d.lookup(Caller(), m.GetActorInfo(1, spec().actor_id))
+    assert isinstance(answer, Answer)
+    assert (answer.info.state, answer.info.address, answer.info.node_id) == (
+        "ALIVE", "unix:/w", A)
+    hosted = [m.HostedActor(spec(), "unix:/w", "1.2.3.4:5")]
+    assert recorded(d.node_back(A, hosted)) == ["ALIVE"]  # recorded again, nothing started
+    assert not any(isinstance(c, StartActor) for c in d.nodes_back())
+
+
+def test_a_node_that_rejoins_without_a_recorded_actor_reports_its_death() -> None:
+    d, nodes = recovering()
+    d.restore(spec(max_restarts=1), ActorState.ALIVE, A, "unix:/w", "", 0, "")
+    nodes.fits = B
+    commands = d.node_back(A, [])
+    assert recorded(commands) == ["RESTARTING"]
+    assert not any(isinstance(c, StartActor) for c in commands)  # placement waits
+    (start,) = [c for c in d.nodes_back() if isinstance(c, StartActor)]
+    assert start.node_id == B and d.actors[spec().actor_id].restarts == 1
+
+
+def test_an_actor_starting_when_the_head_died_is_not_started_twice() -> None:
+    d, _ = recovering()
+    d.restore(spec(), ActorState.PENDING, A, "", "", 0, "")
+    assert d.node_back(A, [m.HostedActor(spec())]) == []  # still starting there
+    assert d.nodes_back() == []
+    # Its constructor finishes: it is ALIVE where it started.
+    assert recorded(d.started(spec().actor_id, A, "unix:/w", "", "")) == ["ALIVE"]
+
+
+def test_an_actor_whose_start_order_was_lost_is_placed_again_once_nodes_are_back() -> None:
+    d, _ = recovering()
+    d.restore(spec(), ActorState.PENDING, A, "", "", 0, "")
+    assert d.node_back(A, []) == []  # not there, and placement waits
+    (start,) = [c for c in d.nodes_back() if isinstance(c, StartActor)]
+    assert start.node_id == A
+
+
+def test_an_actor_on_a_node_that_never_rejoins_restarts_or_dies_by_its_limit() -> None:
+    d, nodes = recovering()
+    d.restore(spec(b"1" * 16, max_restarts=0), ActorState.PENDING, B, "", "", 0, "")
+    d.restore(spec(b"2" * 16, max_restarts=1), ActorState.ALIVE, B, "unix:/w", "", 0, "")
+    nodes.alive = {A}
+    commands = d.node_died(B, "it did not rejoin")
+    assert d.actors[b"1" * 16].state is ActorState.DEAD
+    assert d.actors[b"2" * 16].state is ActorState.RESTARTING
+    assert not any(isinstance(c, StartActor) for c in commands)
+    (start,) = [c for c in d.nodes_back() if isinstance(c, StartActor)]
+    assert start == StartActor(A, spec(b"2" * 16, max_restarts=1))
+
+
+def test_a_node_that_rejoins_with_an_actor_nobody_recorded_adopts_it() -> None:
+    d, _ = recovering()
+    commands = d.node_back(A, [m.HostedActor(spec(), "unix:/w", "")])
+    assert recorded(commands) == ["ALIVE"]
+    assert d.actors[spec().actor_id].orphaned  # its owner must still come back
+
+
+def test_a_dead_actor_hosted_by_a_rejoining_node_is_killed_there() -> None:
+    d, _ = recovering()
+    d.restore(spec(), ActorState.DEAD, A, "", "", 0, "killed")
+    assert d.node_back(A, [m.HostedActor(spec(), "unix:/w")]) == [
+        KillWorker(A, spec().actor_id)]
+    (answer,) = d.lookup(Caller(), m.GetActorInfo(1, spec().actor_id))
+    assert isinstance(answer, Answer) and answer.info.error == "killed"
+
+
+def test_orphans_end_unless_their_creator_sends_them_again() -> None:
+    d, _ = recovering()
+    d.restore(spec(b"1" * 16, name="kept"), ActorState.ALIVE, A, "unix:/1", "", 0, "")
+    d.restore(spec(b"2" * 16), ActorState.ALIVE, A, "unix:/2", "", 0, "")
+    d.restore(spec(b"3" * 16, detached=True), ActorState.ALIVE, A, "unix:/3", "", 0, "")
+    creator = Caller()
+    assert d.create(creator, 0, spec(b"1" * 16, name="kept"), get_if_exists=False) == []
+    commands = d.owners_gone()
+    assert commands == [KillWorker(A, b"2" * 16)]  # not the reclaimed one, not detached
+    assert d.actors[b"1" * 16].owner is creator
+    # A name recorded before the restart is still taken.
+    (answer,) = d.create(Caller(), 1, spec(b"4" * 16, name="kept"), get_if_exists=False)
+    assert isinstance(answer, Answer) and "already exists" in answer.info.error
+
+
+def test_a_creation_sent_again_for_an_unknown_actor_waits_for_the_nodes() -> None:
+    d, _ = recovering()
+    commands = d.create(Caller(), 0, spec(), get_if_exists=False)
+    assert not any(isinstance(c, StartActor) for c in commands)
+    assert d.node_back(A, [m.HostedActor(spec(), "unix:/w")]) != []  # it was there
+    assert not any(isinstance(c, StartActor) for c in d.nodes_back())
+    assert d.actors[spec().actor_id].state is ActorState.ALIVE

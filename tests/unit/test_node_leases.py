@@ -156,3 +156,14 @@ def test_only_requests_no_node_can_serve_count_as_waiting_demand() -> None:
     assert r.waiting_shapes() == []  # the head is placing it; nothing waits here
     r.request(OWNER, m.RequestLease(2, ONE_CPU), other_nodes=False)
     assert r.waiting_shapes() == [ONE_CPU]
+
+
+def test_a_head_that_took_over_is_asked_again_for_every_request_it_was_placing() -> None:
+    r = router(idle_workers=1)
+    r.request(OWNER, m.RequestLease(1, ONE_CPU), other_nodes=True)  # granted here
+    (busy,) = to_head(r.request(OWNER, m.RequestLease(2, ONE_CPU), other_nodes=True))
+    (gpu,) = to_head(r.request(OWNER, m.RequestLease(3, {"GPU": 1.0}), other_nodes=True))
+    assert r.respill() == [busy, gpu]  # the same spill ids: its answers find them
+    commands = r.placed(m.LeasePlaced(gpu.req_id, THERE, "t:1"))
+    assert replies(commands) == [m.LeaseSpillback(3, THERE, "t:1")]
+    assert r.respill() == [busy]
