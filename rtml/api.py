@@ -20,7 +20,7 @@ from rtml.config import NodeConfig, default_object_store_memory
 from rtml.core import context
 from rtml.core.actors import ActorClass, ActorHandle, handle_of
 from rtml.core.object_ref import ObjectRef
-from rtml.core.options import check_namespace
+from rtml.core.options import check_namespace, check_timeout
 from rtml.core.remote_function import RemoteFunction
 from rtml.core.runtime import ClientConfig, ClientRuntime
 from rtml.ids import new_job_id
@@ -59,8 +59,11 @@ def init(address: str | None = None, *, num_cpus: float | None = None,
          object_store_memory: int | None = None, namespace: str | None = None,
          log_to_driver: bool = True, token: str | None = None,
          ignore_reinit_error: bool = False, _prestart_workers: int = -1,
-         _node_id: str = "") -> InitContext:
+         _node_id: str = "", _node_timeout_s: float | None = None) -> InitContext:
     """Connect to a cluster, starting an embedded one when no address is given.
+
+    ``_node_timeout_s`` (embedded clusters): seconds without a heartbeat before the head
+    declares a node dead, and that a head that restarted waits for what was connected.
 
     ``_node_id`` (for tests of several nodes on one machine): attach this driver to
     that node instead of the one recorded in this machine's session directory.
@@ -68,6 +71,8 @@ def init(address: str | None = None, *, num_cpus: float | None = None,
     global _context, _embedded
     if namespace is not None:
         check_namespace(namespace)  # before anything is started
+    if _node_timeout_s is not None:
+        check_timeout("_node_timeout_s", _node_timeout_s)
     with _init_lock:
         if context.get_runtime() is not None:
             if ignore_reinit_error and _context is not None:
@@ -83,7 +88,8 @@ def init(address: str | None = None, *, num_cpus: float | None = None,
                               num_gpus or 0.0, resources or {},
                               object_store_memory or default_object_store_memory(),
                               prestart_workers=_prestart_workers)
-            _embedded = cluster.start_head_node(session, token, node, die_with_parent=True)
+            _embedded = cluster.start_head_node(session, token, node, die_with_parent=True,
+                                                node_timeout=_node_timeout_s)
             head_address, nm_address = _embedded.head_address, _embedded.nm_address
         else:
             session, head_address, nm_address, token = _join_info(address, token, _node_id)

@@ -190,8 +190,11 @@ class HeadSupervisor:
 
 
 def start_head_node(session: Session, token: str, node: NodeConfig, *, port: int = 0,
-                    die_with_parent: bool, own_group: bool = False) -> StartedNode:
+                    die_with_parent: bool, own_group: bool = False,
+                    node_timeout: float | None = None) -> StartedNode:
     """Start Redis, the head service and a node manager, all on ``node.node_ip``.
+    ``node_timeout``: seconds without a heartbeat before the head declares a node dead
+    (default: ``RTML_NODE_TIMEOUT_S``, else 10).
 
     The head's listening socket is bound here and handed to its supervisor, so its
     address is known at once and the node manager starts alongside it (its connection
@@ -210,6 +213,8 @@ def start_head_node(session: Session, token: str, node: NodeConfig, *, port: int
     try:
         head_cfg = HeadConfig(str(session.root), token, redis.host, redis.port, host,
                               listener.getsockname()[1], listen_fd=listener.fileno())
+        if node_timeout is not None:
+            head_cfg = HeadConfig(**{**head_cfg.__dict__, "node_timeout": node_timeout})
         if die_with_parent:
             started.supervisor = HeadSupervisor(session, head_cfg, listener, True, own_group)
             head = started.supervisor.launch()

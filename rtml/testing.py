@@ -88,7 +88,7 @@ class Cluster:
         """Start a node manager that joins the head; returns once the head knows it.
 
         ``node_args``: ``num_cpus``, ``num_gpus``, ``resources``, ``object_store_memory``,
-        ``prestart_workers``, ``node_ip``.
+        ``prestart_workers``, ``node_ip``; for the head node also ``node_timeout_s``.
         """
         if self.head_node is not None:
             return self._start(node_args, head=False)
@@ -106,7 +106,8 @@ class Cluster:
             prestart_workers=int(args.get("prestart_workers", -1)))
         if head:
             started = cluster.start_head_node(session, self.token, config,
-                                              die_with_parent=True, own_group=True)
+                                              die_with_parent=True, own_group=True,
+                                              node_timeout=args.get("node_timeout_s"))
         else:
             started = cluster.join_node(session, self.token, config, self.address,
                                         die_with_parent=True, own_group=True)

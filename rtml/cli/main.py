@@ -99,6 +99,9 @@ def _add_start(sub: Any) -> None:
     start.add_argument("--num-gpus", type=float, default=None)
     start.add_argument("--resources", default=None, help='JSON, e.g. \'{"accel": 2}\'')
     start.add_argument("--object-store-memory", type=int, default=None, metavar="BYTES")
+    start.add_argument("--node-timeout-s", type=float, default=None, metavar="SECONDS",
+                       help="seconds without a heartbeat before the head declares a node "
+                            "dead (--head; default: $RTML_NODE_TIMEOUT_S, else 10)")
     start.add_argument("--block", action="store_true",
                        help="stay in the foreground; stop everything on Ctrl-C / SIGTERM")
     add_session_dir(start)

@@ -73,8 +73,11 @@ def _start_head(args: argparse.Namespace, session: Session) -> int:
     token = args.token or os.environ.get("RTML_TOKEN") or new_token()
     node = _node_config(args, session, token)
     _check_port_free(node.node_ip, args.port)
+    timeout = args.node_timeout_s
+    if timeout is not None and not timeout > 0:
+        raise CliError(f"--node-timeout-s must be > 0 seconds, got {timeout}")
     started = cluster.start_head_node(session, token, node, port=args.port,
-                                      die_with_parent=False)
+                                      die_with_parent=False, node_timeout=timeout)
     assert started.redis is not None
     _write_record(started, "head", started.redis.host, started.redis.port)
     _print_head_started(started, token, session)
@@ -108,6 +111,9 @@ def _take_over_head(session: Session) -> bool:
 
 
 def _start_worker_node(args: argparse.Namespace, session: Session) -> int:
+    if args.node_timeout_s is not None:
+        raise CliError("--node-timeout-s is the head's setting: pass it to "
+                       "`rtml start --head`")
     token = args.token or os.environ.get("RTML_TOKEN")
     if not token:
         raise CliError("no cluster token: pass --token TOKEN or set RTML_TOKEN (the head "

@@ -95,6 +95,15 @@ def check_namespace(namespace: Any) -> str:
     return namespace
 
 
+def check_timeout(name: str, seconds: Any) -> float:
+    """A timeout in seconds: a positive number. Raises TypeError or ValueError."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise TypeError(f"{name} must be a number of seconds, got {seconds!r}")
+    if not seconds > 0:
+        raise ValueError(f"{name} must be > 0 seconds, got {seconds!r}")
+    return float(seconds)
+
+
 def _check_resources(resources: Any) -> None:
     if resources is None:
         return

@@ -356,18 +356,24 @@ class TaskSubmitter:
             queue = self.queues[worker.key]
             if worker in queue.workers:
                 queue.workers.remove(worker)
+            again: list[TaskRecord] = []
+            running = True  # the worker runs its tasks in order: the first was running
             for record in worker.inflight.values():
                 if record.cancelled:
                     failed.append((record, TaskCancelledError(
                         f"task {record.spec.name!r} was cancelled")))
+                elif not running:  # queued behind it, never started: resubmitted free
+                    again.append(record)
                 elif record.spec.attempt < record.max_retries or record.max_retries < 0:
                     record.spec.attempt += 1
-                    queue.tasks.appendleft(record)
+                    again.append(record)
                 else:
                     failed.append((record, WorkerCrashedError(
                         f"the worker running task {record.spec.name!r} died ({reason}) "
                         f"and its {record.max_retries} retries are used up; see the worker "
                         f"logs in {rt.session_dir}/logs")))
+                running = False
+            queue.tasks.extendleft(reversed(again))  # ahead of the rest, in their order
             worker.inflight.clear()
             worker.solo = 0
             self._pump(worker.key, queue)

@@ -1,0 +1,160 @@
+"""rtml under faults: how long a real kill interrupts work, and whether results stay right.
+
+    python benchmarks/chaos.py [--rounds N] [--json FILE]
+
+Each row starts its own embedded cluster (``rtml.init(num_cpus=2)``) and SIGKILLs a
+process of it for real:
+
+- ``worker kills``: 2,000 tasks while a worker is killed every 50 ms; every result
+  checked, and the time the batch took;
+- ``head kill -> task``: a task submitted right after the head service is killed (it
+  needs no head: the lease is local), time to its result;
+- ``head kill -> actor``: an actor created right after the kill (its placement needs
+  the head that takes over), time to its first call's result;
+- ``head kill -> nodes()``: ``rtml.nodes()`` right after the kill, time to the answer
+  listing the node alive.
+
+Times are medians over ``--rounds`` kills (one per cluster), in milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import signal
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import rtml
+from rtml import api
+
+
+@rtml.remote
+def square(x: int) -> int:
+    return x * x
+
+
+@rtml.remote
+def slow_square(x: int) -> int:
+    time.sleep(0.002)
+    return x * x
+
+
+@rtml.remote
+class Echo:
+    def ping(self) -> int:
+        return os.getpid()
+
+
+def _head_pid() -> int:
+    started = api._embedded
+    assert started is not None and started.supervisor is not None
+    assert started.supervisor.proc is not None
+    return started.supervisor.proc.pid
+
+
+def _worker_pids() -> list[int]:
+    """The node's workers: the children of its worker zygote."""
+    import psutil
+
+    started = api._embedded
+    assert started is not None
+    (zygote,) = psutil.Process(started.procs[-1].pid).children()
+    return [p.pid for p in zygote.children()]
+
+
+def worker_kills(n_tasks: int = 2000) -> dict[str, Any]:
+    rtml.init(num_cpus=2)
+    try:
+        rtml.get([square.remote(i) for i in range(20)])
+        stop = threading.Event()
+        kills = 0
+
+        def killer() -> None:
+            nonlocal kills
+            while not stop.wait(0.05):
+                pids = _worker_pids()
+                if pids:
+                    try:
+                        os.kill(random.choice(pids), signal.SIGKILL)
+                        kills += 1
+                    except ProcessLookupError:
+                        pass
+
+        thread = threading.Thread(target=killer, daemon=True)
+        start = time.perf_counter()
+        thread.start()
+        refs = [slow_square.options(max_retries=-1).remote(i) for i in range(n_tasks)]
+        values = rtml.get(refs, timeout=600)
+        elapsed = time.perf_counter() - start
+        stop.set()
+        thread.join()
+        wrong = sum(v != i * i for i, v in enumerate(values))
+        return {"name": "worker kills", "tasks": n_tasks, "kills": kills, "wrong": wrong,
+                "seconds": round(elapsed, 2)}
+    finally:
+        rtml.shutdown()
+
+
+def _after_head_kill(action: Callable[[], Any], rounds: int) -> list[float]:
+    """One kill per cluster: a supervisor gives up on a head that keeps dying."""
+    times = []
+    for _ in range(rounds):
+        rtml.init(num_cpus=2)
+        try:
+            rtml.get(square.remote(1))
+            rtml.get(Echo.remote().ping.remote())
+            os.kill(_head_pid(), signal.SIGKILL)
+            start = time.perf_counter()
+            action()
+            times.append((time.perf_counter() - start) * 1000)
+        finally:
+            rtml.shutdown()
+    return times
+
+
+def _check_task() -> None:
+    assert rtml.get(square.remote(7), timeout=120) == 49
+
+
+def _check_actor() -> None:
+    assert rtml.get(Echo.remote().ping.remote(), timeout=120) > 0
+
+
+def _check_nodes() -> None:
+    assert all(node["Alive"] for node in rtml.nodes())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json", default="")
+    args = parser.parse_args()
+    logging.getLogger("rtml").setLevel(logging.ERROR)  # the kills' warnings are expected
+    print(f"# {time.strftime('%Y-%m-%d %H:%M')}  load {os.getloadavg()[0]:.2f}")
+    rows: list[dict[str, Any]] = [worker_kills()]
+    print(f"| worker kills | {rows[0]['tasks']} tasks, {rows[0]['kills']} workers killed, "
+          f"{rows[0]['wrong']} wrong results, {rows[0]['seconds']} s |")
+    for name, check in (("head kill -> task", _check_task),
+                        ("head kill -> actor", _check_actor),
+                        ("head kill -> nodes()", _check_nodes)):
+        times = _after_head_kill(check, args.rounds)
+        row = {"name": name, "median_ms": round(statistics.median(times), 1),
+               "max_ms": round(max(times), 1), "rounds": len(times)}
+        rows.append(row)
+        print(f"| {name} | median {row['median_ms']} ms, max {row['max_ms']} ms "
+              f"over {row['rounds']} kills |")
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(rows, out, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
