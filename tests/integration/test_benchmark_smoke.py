@@ -1,4 +1,5 @@
-"""benchmarks/micro.py --quick runs to completion and reports every row with a real value.
+"""benchmarks/micro.py --quick and benchmarks/chaos.py run to completion and report every
+row with a real value.
 
 No timing assertions: the machine is shared and noisy.
 """
@@ -17,6 +18,7 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MICRO = REPO_ROOT / "benchmarks" / "micro.py"
+CHAOS = REPO_ROOT / "benchmarks" / "chaos.py"
 
 EXPECTED_ROWS = [
     "rtml.init() to first result (fresh process)",
@@ -72,3 +74,18 @@ def test_micro_quick_reports_every_row(tmp_path: Path) -> None:
             assert is_real(row[key]), (row["name"], key, row)
         # every row is printed in the table too
         assert f"| {row['name']} |" in proc.stdout
+
+
+@pytest.mark.timeout(330)
+def test_chaos_reports_right_results_and_real_times(tmp_path: Path) -> None:
+    out = tmp_path / "chaos.json"
+    env = {k: v for k, v in os.environ.items() if k != "RTML_ADDRESS"}
+    proc = subprocess.run([sys.executable, str(CHAOS), "--rounds", "1", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=str(REPO_ROOT),
+                          env=env)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    kills, *head_rows = json.loads(out.read_text())
+    assert kills["name"] == "worker kills" and kills["wrong"] == 0 and kills["kills"] > 0
+    assert [r["name"] for r in head_rows] == [
+        "head kill -> task", "head kill -> actor", "head kill -> nodes()"]
+    assert all(is_real(r["median_ms"]) and r["rounds"] == 1 for r in head_rows)
