@@ -85,7 +85,9 @@ def test_a_silent_node_is_declared_dead_and_its_work_moves(two_nodes) -> None:
 
 def test_an_actor_on_a_dead_node_restarts_elsewhere(two_nodes) -> None:
     cluster, node2 = two_nodes
-    counter = Counter.options(max_restarts=1, num_cpus=0,
+    # max_task_retries: a call may be written to the actor's socket before its death is
+    # seen here (its worker dies a moment after the node manager); it is retried then.
+    counter = Counter.options(max_restarts=1, max_task_retries=1, num_cpus=0,
                               scheduling_strategy=pinned(node2, soft=True)).remote()
     assert rtml.get(counter.node.remote()) == node2.node_id
     assert rtml.get(counter.add.remote(5)) == 5
