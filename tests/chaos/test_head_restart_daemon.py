@@ -49,13 +49,12 @@ def head_service(session_dir) -> psutil.Process:
     return child
 
 
-def test_a_killed_head_service_is_started_again_and_the_cluster_carries_on(
-        head: Head) -> None:
+def run_driver_through(head: Head, fault) -> None:
+    """Run DRIVER: it makes a named actor, ``fault()`` strikes, then it uses the cluster."""
     driver = head.driver(DRIVER, stdin=-1)
     try:
         assert driver.stdout.readline().strip() == "1"
-        old = head_service(head.session_dir)
-        old.send_signal(signal.SIGKILL)
+        fault()
         driver.stdin.write("\n")
         driver.stdin.flush()
         out, err = driver.communicate(timeout=90)
@@ -63,6 +62,12 @@ def test_a_killed_head_service_is_started_again_and_the_cluster_carries_on(
         driver.kill()
     assert driver.returncode == 0, err
     assert out.split() == [str(sum(i * i for i in range(100))), "2", "1"]
+
+
+def test_a_killed_head_service_is_started_again_and_the_cluster_carries_on(
+        head: Head) -> None:
+    old = head_service(head.session_dir)
+    run_driver_through(head, lambda: old.send_signal(signal.SIGKILL))
     deadline = time.monotonic() + 10
     while head_service(head.session_dir).pid == old.pid:
         assert time.monotonic() < deadline
@@ -73,9 +78,7 @@ def test_a_killed_head_service_is_started_again_and_the_cluster_carries_on(
 
 
 def test_rtml_start_head_again_takes_over_when_the_supervisor_died_too(head: Head) -> None:
-    driver = head.driver(DRIVER, stdin=-1)
-    try:
-        assert driver.stdout.readline().strip() == "1"
+    def kill_supervisor_then_start_again() -> None:
         record = json.loads((head.session_dir / "session.json").read_text())
         (supervisor,) = [p for p in record["processes"] if p["name"] == "supervisor"]
         old = head_service(head.session_dir)
@@ -84,13 +87,8 @@ def test_rtml_start_head_again_takes_over_when_the_supervisor_died_too(head: Hea
         again = head.cli("start", "--head")
         assert again.returncode == 0, again.stderr
         assert f"RTML_ADDRESS={head.address}" in again.stdout
-        driver.stdin.write("\n")
-        driver.stdin.flush()
-        out, err = driver.communicate(timeout=90)
-    finally:
-        driver.kill()
-    assert driver.returncode == 0, err
-    assert out.split() == [str(sum(i * i for i in range(100))), "2", "1"]
+
+    run_driver_through(head, kill_supervisor_then_start_again)
     # Once taken over, starting again is refused as usual.
     refused = head.cli("start", "--head")
     assert refused.returncode != 0 and "already running" in refused.stderr
