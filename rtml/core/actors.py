@@ -54,8 +54,25 @@ class ActorClass(Exported):
         self._options = check_options(dict(options), ACTOR_OPTIONS, "an actor class")
         self.__name__ = cls.__name__
         self.__doc__ = cls.__doc__
-        self._check = CallCheck.of(cls, f"actor class {cls.__name__}")
-        self._method_checks = _method_checks(cls)
+        self._signed: tuple[CallCheck, dict[str, CallCheck]] | None = None
+
+    @property
+    def _check(self) -> CallCheck:
+        return self._signatures()[0]
+
+    @property
+    def _method_checks(self) -> dict[str, CallCheck]:
+        return self._signatures()[1]
+
+    def _signatures(self) -> tuple[CallCheck, dict[str, CallCheck]]:
+        """The constructor's and the methods' call checks, made on first use: unpickled
+        (cloudpickle, by value) inside a method of its own class, the class is still
+        being rebuilt when this object is, its ``__init__`` not yet there."""
+        if self._signed is None:
+            cls = self._cls
+            self._signed = (CallCheck.of(cls, f"actor class {cls.__name__}"),
+                            _method_checks(cls))
+        return self._signed
 
     def __reduce__(self) -> tuple[type[ActorClass], tuple[type, dict[str, Any]]]:
         # Pickled with the code that uses it (cloudpickle, by value; the state is not

@@ -7,7 +7,9 @@ restarts.
                      RECONNECT_MAX_DELAY s at most, for up to ``timeout`` s
     back             ``on_back()``'s messages go first (the runtime's: the actors this
                      process created, which the head that took over may not have heard
-                     of), then the requests still unanswered, then what queued, in order
+                     of), then the last KILLS_KEPT kills (one written to a head that was
+                     stopped, then died, was never read; a kill is idempotent), then the
+                     requests still unanswered, then what queued, in order
     not back         ``on_gone(error, req_ids)``: every waiting request fails with
                      ``error``, and so does every later one; other messages are dropped
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 from rtml.exceptions import RtmlSystemError
@@ -31,6 +34,7 @@ log = logging.getLogger(__name__)
 
 RECONNECT_MAX_DELAY = 0.5
 """Seconds between reconnection attempts, at most (they start at 0.02 s and double)."""
+KILLS_KEPT = 1000
 
 
 class HeadLink:
@@ -50,6 +54,7 @@ class HeadLink:
         self._lock = threading.Lock()
         self._unanswered: dict[int, m.Msg] = {}
         self._queued: list[m.Msg] = []
+        self._kills: deque[m.KillActor] = deque(maxlen=KILLS_KEPT)
         self.conn: Connection | None
         self.conn, self.reply = self._connect()
 
@@ -59,8 +64,9 @@ class HeadLink:
 
     @property
     def request_timeout(self) -> float:
-        """How long a request to the head may wait: through a restart, then some."""
-        return self.timeout + 30.0
+        """How long a request to the head may wait: as long as for a head that restarts
+        (one that is connected but hung answers nothing either)."""
+        return self.timeout
 
     def send(self, msg: m.Msg) -> None:
         """Raises RtmlSystemError for a request once the head is given up on."""
@@ -72,6 +78,8 @@ class HeadLink:
                 return
             if req_id:
                 self._unanswered[req_id] = msg
+            elif isinstance(msg, m.KillActor) and msg.no_restart:
+                self._kills.append(msg)
             conn = self.conn
             if conn is None:
                 if not req_id:
@@ -125,7 +133,8 @@ class HeadLink:
                     conn.close("shutdown")
                     return
                 self.conn = conn
-                resend = first + [self._unanswered[r] for r in sorted(self._unanswered)]
+                resend = [*first, *self._kills]
+                resend += [self._unanswered[r] for r in sorted(self._unanswered)]
                 resend += self._queued
                 self._queued = []
             for msg in resend:

@@ -234,7 +234,8 @@ class ClientRuntime:
     def request(self, conn: Connection | HeadLink, make: Callable[[int], m.Msg],
                 timeout: float | None = 30.0) -> Any:
         """Send a request built with a fresh req_id and block for its reply. Raises
-        GetTimeoutError, or the error the request failed with (RtmlSystemError)."""
+        GetTimeoutError (RtmlSystemError from the head), or the error the request failed
+        with (RtmlSystemError)."""
         done = Flag()
         box: list[Any] = []
         req_id = self.next_request_id()
@@ -249,6 +250,10 @@ class ClientRuntime:
             self._replies.pop(req_id, None)
             if isinstance(conn, HeadLink):
                 conn.forget(req_id)
+                raise RtmlSystemError(
+                    f"the head service at {conn.name} did not answer within {timeout:g} s: "
+                    f"it is hung or overloaded (one that died would have been started "
+                    f"again); see logs/head.log in the head node's session directory")
             raise GetTimeoutError(f"no reply from {conn.name} within {timeout} s")
         if isinstance(box[0], RtmlSystemError):
             raise box[0]

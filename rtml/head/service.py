@@ -42,7 +42,7 @@ from typing import Any
 
 import msgspec
 
-from rtml.config import HeadConfig
+from rtml.config import HEARTBEAT_INTERVAL, HeadConfig
 from rtml.control_plane import BatchedWriter, ControlPlane
 from rtml.head import actors as ad
 from rtml.head.writes import PlaneWrites
@@ -96,6 +96,7 @@ class HeadService(Service):
         self.expected_jobs: set[bytes] = set()
         self.recovery_deadline: float | None = None
         self.recorded_nodes: dict[bytes, m.NodeInfo] = {}  # as the predecessor knew them
+        self._last_check = time.monotonic()  # of liveness (see check_liveness)
 
     def recover(self) -> None:
         """Rebuild what a predecessor recorded (nothing, on a new cluster). Blocking: runs
@@ -245,9 +246,19 @@ class HeadService(Service):
     def check_liveness(self) -> None:
         """Declare dead every node silent for longer than the node timeout (and, after a
         restart, what did not come back in time)."""
-        if self.recovery_deadline is not None and time.monotonic() >= self.recovery_deadline:
+        now = time.monotonic()
+        if now - self._last_check > max(self.cfg.node_timeout / 2, 4 * HEARTBEAT_INTERVAL):
+            # We did not run meanwhile (SIGSTOP, a starved machine): the heartbeats wait
+            # unread in our sockets, so silence says nothing about the nodes.
+            log.warning("the head service did not run for %.1f s; every node gets a fresh "
+                        "%g s to be heard", now - self._last_check, self.cfg.node_timeout)
+            self.sched.excuse(now)
+            if self.recovery_deadline is not None:
+                self.recovery_deadline += now - self._last_check
+        self._last_check = now
+        if self.recovery_deadline is not None and now >= self.recovery_deadline:
             self._end_recovery()
-        for node_id in self.sched.expired(time.monotonic(), self.cfg.node_timeout):
+        for node_id in self.sched.expired(now, self.cfg.node_timeout):
             self._node_died(node_id, f"it sent no heartbeat for {self.cfg.node_timeout:g} s")
 
     def _node_died(self, node_id: bytes, reason: str) -> None:

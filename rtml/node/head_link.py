@@ -3,10 +3,12 @@
     connect(deadline)   connect and authenticate, retrying refused or dropped connections
                         until the deadline (a refusal of our token is final)
     send(msg)           written now; while the head is away only what nothing re-sends is
-                        kept (actor kills, workers' prints), in order, and written on rejoin
+                        kept (workers' prints), in order, and written on rejoin
     receive()           the next message; ConnectionError when the head went away
     rejoin(first)       connected again: ``first`` (the registration, re-sent spills) goes
-                        out, then what was kept
+                        out, then the last KEPT_MAX kills (one written to a head that was
+                        stopped, then died, was never read; a kill is idempotent), then
+                        what was kept
 
 Everything else a node manager tells the head is state it tells again on rejoin (its
 registration lists the actors it hosts; heartbeats repeat), so it is dropped meanwhile.
@@ -25,7 +27,7 @@ from rtml.rpc.client import FramedClient
 
 log = logging.getLogger(__name__)
 
-KEPT_WHILE_AWAY = (m.KillActor, m.WorkerOutput)
+KEPT_WHILE_AWAY = (m.WorkerOutput,)
 KEPT_MAX = 10_000
 """Messages kept for the head while it is away; beyond this the oldest prints are lost."""
 
@@ -36,6 +38,7 @@ class HeadLink:
         self.hello = hello
         self.client: FramedClient | None = None
         self.kept: deque[m.Msg] = deque(maxlen=KEPT_MAX)
+        self.kills: deque[m.KillActor] = deque(maxlen=KEPT_MAX)
 
     async def connect(self, timeout: float) -> m.HelloReply:
         """Connect within ``timeout`` s. Raises RtmlSystemError saying why not."""
@@ -60,6 +63,10 @@ class HeadLink:
                 delay = min(delay * 2, 1.0)
 
     def send(self, msg: m.Msg) -> None:
+        if isinstance(msg, m.KillActor):
+            self.kills.append(msg)
+            if self.client is None:
+                return  # rejoin() sends it
         if self.client is not None:
             self.client.send(msg)
         elif isinstance(msg, KEPT_WHILE_AWAY):
@@ -76,8 +83,9 @@ class HeadLink:
             raise
 
     def rejoin(self, first: list[m.Msg]) -> None:
-        for msg in first:
-            self.send(msg)
+        for msg in [*first, *self.kills]:
+            if self.client is not None:
+                self.client.send(msg)
         while self.kept and self.client is not None:
             self.client.send(self.kept.popleft())
 

@@ -104,6 +104,13 @@ class GlobalScheduler:
         self.pending = [r for r in self.pending
                         if not (r.origin == origin and r.req_id == req_id)]
 
+    def excuse(self, now: float) -> None:
+        """The scheduler's host was not running (stopped, starved) until ``now``: no node
+        could be heard meanwhile, so each is given a fresh timeout from now."""
+        for node in self.nodes.values():
+            if node.alive:
+                node.last_heartbeat = now
+
     def expired(self, now: float, timeout: float) -> list[bytes]:
         """Alive nodes whose last heartbeat is older than ``timeout`` seconds."""
         return [n.node_id for n in self.nodes.values()

@@ -13,11 +13,12 @@ import signal
 import time
 from collections.abc import Iterator
 
+import psutil
 import pytest
 
 import rtml
 from rtml import api
-from rtml.exceptions import ActorDiedError
+from rtml.exceptions import ActorDiedError, RtmlSystemError
 from rtml.head.actors import OWNER_DIED
 from rtml.testing import Cluster, ClusterNode
 
@@ -229,3 +230,62 @@ def test_a_node_that_dies_while_the_head_is_down_is_declared_dead(two_nodes) -> 
         rtml.get(counter.add.remote(), timeout=60)
     assert rtml.get(square.remote(6), timeout=60) == 36
     cluster.nodes.remove(node2)  # already dead
+
+
+def test_a_kill_written_to_a_stopped_head_that_then_dies_still_happens(start_cluster) -> None:
+    start_cluster(num_cpus=2)
+    named = Counter.options(name="doomed", lifetime="detached").remote()
+    pid = rtml.get(named.pid.remote())
+    old = embedded_head_pid()
+    os.kill(old, signal.SIGSTOP)  # it never reads what is written to it now
+    try:
+        rtml.kill(named)
+        time.sleep(0.3)
+    finally:
+        os.kill(old, signal.SIGKILL)  # a stopped process dies of it too
+    wait_new_head(old, embedded_head_pid)
+    deadline = time.monotonic() + 30
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the killed actor still runs"
+        time.sleep(0.05)
+    with pytest.raises(ValueError, match="no live actor"):
+        rtml.get_actor("doomed")
+    again = Counter.options(name="doomed", lifetime="detached").remote()  # the name is free
+    assert rtml.get(again.add.remote()) == 1
+    rtml.kill(again)
+
+
+def test_a_head_that_was_stopped_longer_than_the_node_timeout_keeps_its_nodes(
+        start_cluster) -> None:
+    start_cluster(num_cpus=2, _node_timeout_s=1.5)
+    counter = Counter.remote()
+    assert rtml.get(counter.add.remote()) == 1
+    head = embedded_head_pid()
+    os.kill(head, signal.SIGSTOP)
+    time.sleep(4)  # heartbeats pile up unread
+    os.kill(head, signal.SIGCONT)
+    time.sleep(1)  # its liveness check has run
+    assert [n["Alive"] for n in rtml.nodes()] == [True]
+    assert rtml.get(counter.add.remote()) == 2
+    assert rtml.get(Counter.remote().add.remote(3)) == 3
+    assert embedded_head_pid() == head  # it was never restarted
+
+
+def test_a_hung_head_fails_the_calls_that_need_it_clearly_then_serves_again(
+        start_cluster, monkeypatch) -> None:
+    monkeypatch.setenv("RTML_HEAD_TIMEOUT_S", "2")
+    start_cluster(num_cpus=2)
+    counter = Counter.remote()
+    assert rtml.get(counter.add.remote()) == 1
+    head = embedded_head_pid()
+    os.kill(head, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        with pytest.raises(RtmlSystemError, match="did not answer within 2 s"):
+            rtml.nodes()
+        assert time.monotonic() - start < 10
+        assert rtml.get(counter.add.remote(), timeout=30) == 2  # no head needed
+        assert rtml.get(square.remote(3), timeout=30) == 9
+    finally:
+        os.kill(head, signal.SIGCONT)
+    assert [n["Alive"] for n in rtml.nodes()] == [True]

@@ -391,3 +391,37 @@ print(rtml.get(rtml.put("again")))  # after a shutdown: a fresh one, as in Ray
                                            if k != "RTML_ADDRESS"})
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:5] == ["False", "2", "1", "[0, 1, 2]", "again"], out
+
+
+def test_an_actor_class_of_main_that_names_itself_keeps_its_signature_in_a_task() -> None:
+    # Pickled by value, the class is rebuilt in the worker while its own methods (which
+    # name it) are unpickled: its call check must be made after, not during.
+    script = """
+import rtml
+
+@rtml.remote
+class C:
+    def __init__(self, v=0):
+        self.n = v
+    def add(self, k):
+        self.n += k
+        return self.n
+    def another(self):
+        return C.remote(7)
+
+@rtml.remote
+def make_in_task(i):
+    return rtml.get(C.remote(i).add.remote(1), timeout=60)
+
+rtml.init(num_cpus=2)
+print(rtml.get(make_in_task.remote(5), timeout=60))
+try:
+    C.remote(1, 2, 3)
+except TypeError as exc:
+    print("refused:", "too many positional" in str(exc))
+rtml.shutdown()
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["6", "refused: True"], out.stdout
