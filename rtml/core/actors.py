@@ -54,7 +54,7 @@ class ActorClass(Exported):
         self._options = check_options(dict(options), ACTOR_OPTIONS, "an actor class")
         self.__name__ = cls.__name__
         self.__doc__ = cls.__doc__
-        self._signed: tuple[CallCheck, dict[str, CallCheck]] | None = None
+        self._call_checks: tuple[CallCheck, dict[str, CallCheck]] | None = None
 
     @property
     def _check(self) -> CallCheck:
@@ -68,11 +68,11 @@ class ActorClass(Exported):
         """The constructor's and the methods' call checks, made on first use: unpickled
         (cloudpickle, by value) inside a method of its own class, the class is still
         being rebuilt when this object is, its ``__init__`` not yet there."""
-        if self._signed is None:
+        if self._call_checks is None:
             cls = self._cls
-            self._signed = (CallCheck.of(cls, f"actor class {cls.__name__}"),
+            self._call_checks = (CallCheck.of(cls, f"actor class {cls.__name__}"),
                             _method_checks(cls))
-        return self._signed
+        return self._call_checks
 
     def __reduce__(self) -> tuple[type[ActorClass], tuple[type, dict[str, Any]]]:
         # Pickled with the code that uses it (cloudpickle, by value; the state is not
