@@ -343,7 +343,7 @@ def get_actor(name: str, namespace: str | None = None) -> ActorHandle:
     job_id = rt.job_id or context.current_job()
     info: m.ActorInfo = rt.request(rt.head, lambda req_id: m.GetActorInfo(
         req_id, b"", name=name, namespace=ns, wait_ready=False, job_id=job_id),
-        rt.head.request_timeout)
+        rt.head.timeout)
     if info.state in ("MISSING", "DEAD") or info.spec is None:
         where = f"namespace {ns!r}" if ns else "this job's namespace"
         raise ValueError(f"no live actor named {name!r} in {where}")
@@ -363,7 +363,7 @@ def nodes() -> list[dict[str, Any]]:
     """Every node: NodeID, Alive, NodeManagerAddress, Resources."""
     rt = context.require_runtime()
     info: m.ClusterInfo = rt.request(rt.head, lambda req_id: m.GetClusterInfo(req_id),
-                                     rt.head.request_timeout)
+                                     rt.head.timeout)
     return [n.as_ray() for n in info.nodes]
 
 

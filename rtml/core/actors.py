@@ -71,7 +71,7 @@ class ActorClass(Exported):
         if self._call_checks is None:
             cls = self._cls
             self._call_checks = (CallCheck.of(cls, f"actor class {cls.__name__}"),
-                            _method_checks(cls))
+                                 _method_checks(cls))
         return self._call_checks
 
     def __reduce__(self) -> tuple[type[ActorClass], tuple[type, dict[str, Any]]]:
@@ -146,7 +146,7 @@ def _send_create(rt: ClientRuntime, spec: m.ActorSpec,
     get_if_exists = bool(options.get("get_if_exists"))
     reply: m.ActorInfo = rt.request(
         rt.head, lambda req_id: m.CreateActor(req_id, spec, get_if_exists),
-        rt.head.request_timeout)
+        rt.head.timeout)
     if reply.error:
         raise ValueError(reply.error)
     return reply if reply.actor_id != spec.actor_id else None

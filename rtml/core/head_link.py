@@ -13,8 +13,8 @@ restarts.
     not back         ``on_gone(error, req_ids)``: every waiting request fails with
                      ``error``, and so does every later one; other messages are dropped
 
-A reply (its req_id) ends a request's wait: the runtime calls :meth:`answered`. The new
-head knows this driver's job and this process's actors again from its hello
+A reply (its req_id) ends a request's wait: the runtime calls :meth:`settled`, as when it
+stops waiting. The new head takes this driver's job back from its hello
 (``rtml.head.service``).
 """
 
@@ -46,7 +46,7 @@ class HeadLink:
         self.name = address
         self.hello = hello
         self.handler = handler
-        self.timeout = timeout
+        self.timeout = timeout  # also how long a request may wait (a hung head answers nothing)
         self.on_back = on_back
         self.on_gone = on_gone
         self.closed = False
@@ -61,12 +61,6 @@ class HeadLink:
     def _connect(self) -> tuple[Connection, m.HelloReply]:
         on_close: CloseHandler = self._on_closed
         return open_connection(self.reactor, self.name, self.hello, self.handler, on_close)
-
-    @property
-    def request_timeout(self) -> float:
-        """How long a request to the head may wait: as long as for a head that restarts
-        (one that is connected but hung answers nothing either)."""
-        return self.timeout
 
     def send(self, msg: m.Msg) -> None:
         """Raises RtmlSystemError for a request once the head is given up on."""
@@ -87,14 +81,12 @@ class HeadLink:
                 return
         conn.send(msg)
 
-    def answered(self, req_id: int) -> None:
+    def settled(self, req_id: int) -> None:
+        """Request ``req_id`` was answered, or its asker stopped waiting: it is not sent
+        again."""
         if req_id:
             with self._lock:
                 self._unanswered.pop(req_id, None)
-
-    def forget(self, req_id: int) -> None:
-        """The asker stopped waiting (timed out): do not send it again."""
-        self.answered(req_id)
 
     def close(self) -> None:
         with self._lock:

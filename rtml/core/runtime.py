@@ -249,7 +249,7 @@ class ClientRuntime:
         if not self.reactor.wait_serving(done, timeout):
             self._replies.pop(req_id, None)
             if isinstance(conn, HeadLink):
-                conn.forget(req_id)
+                conn.settled(req_id)
                 raise RtmlSystemError(
                     f"the head service at {conn.name} did not answer within {timeout:g} s: "
                     f"it is hung or overloaded (one that died would have been started "
@@ -331,7 +331,7 @@ class ClientRuntime:
             with self.lock:
                 self.owner.actor_ended(msg.actor_id, msg.error or "the actor is DEAD")
         elif isinstance(msg, (m.ActorInfo, m.ClusterInfo, m.OutputFlushed)):
-            self.head.answered(msg.req_id)
+            self.head.settled(msg.req_id)
             self._deliver_reply(msg.req_id, msg)
         elif isinstance(msg, m.WorkerOutput):
             if self.config.log_to_driver:

@@ -177,8 +177,7 @@ class HeadService(Service):
     # -- nodes and jobs ----------------------------------------------------------------------
 
     def _register_node(self, peer: Peer, msg: m.RegisterNode) -> None:
-        known = self.nodes.get(msg.node_id)
-        if msg.rejoin and known is not None:  # declared dead while it was away
+        if msg.rejoin and msg.node_id in self.nodes:  # declared dead while it was away
             peer.send(m.Shutdown())
             return
         view = pl.NodeView(msg.node_id, msg.address, msg.resources, dict(msg.resources),
@@ -207,15 +206,9 @@ class HeadService(Service):
         """The reconnection window closed: what the predecessor knew and is not back is
         dead."""
         self.recovery_deadline = None
+        reason = f"it did not rejoin within {self.cfg.node_timeout:g} s of a head restart"
         for node_id in self.expected_nodes:
-            reason = f"it did not rejoin within {self.cfg.node_timeout:g} s of a head restart"
-            self.writes.write(self.plane.mark_node_dead, node_id)
-            self._event("NodeDied", node_id=node_id, reason=reason)
-            notice = m.NodeDied(node_id, reason)
-            for node in self.nodes.values():
-                if node.alive:
-                    node.peer.send(notice)
-            self._carry_out(self.actors.node_died(node_id, reason))
+            self._declare_dead(node_id, reason)
         self.expected_nodes.clear()
         if self.actors.recovering:
             self._carry_out(self.actors.nodes_back())
@@ -262,20 +255,24 @@ class HeadService(Service):
             self._node_died(node_id, f"it sent no heartbeat for {self.cfg.node_timeout:g} s")
 
     def _node_died(self, node_id: bytes, reason: str) -> None:
-        node = self.nodes[node_id]
+        """A node registered with us is dead."""
         self.sched.node_died(node_id)
+        self.nodes[node_id].peer.send(m.Shutdown())  # back, it must not serve stale state
+        self._declare_dead(node_id, reason)
+        self._broadcast_nodes()
+        for fence in list(self.output_fences):  # it will not answer
+            self._output_flushed_by(fence, node_id)
+
+    def _declare_dead(self, node_id: bytes, reason: str) -> None:
+        """Record a node's death and tell everyone: its actors restart or die."""
         self.writes.write(self.plane.mark_node_dead, node_id)
         self._event("NodeDied", node_id=node_id, reason=reason)
         log.warning("node %s is dead: %s", node_id.hex(), reason)
-        node.peer.send(m.Shutdown())  # should it come back, it must not serve stale state
         notice = m.NodeDied(node_id, reason)  # node managers tell their drivers and workers
         for other in self.nodes.values():
             if other.alive:
                 other.peer.send(notice)
-        self._broadcast_nodes()
         self._carry_out(self.actors.node_died(node_id, reason))
-        for fence in list(self.output_fences):  # it will not answer
-            self._output_flushed_by(fence, node_id)
 
     # -- spilled lease requests (the global scheduler) ---------------------------------------
 

@@ -64,9 +64,7 @@ class HeadLink:
 
     def send(self, msg: m.Msg) -> None:
         if isinstance(msg, m.KillActor):
-            self.kills.append(msg)
-            if self.client is None:
-                return  # rejoin() sends it
+            self.kills.append(msg)  # sent again on rejoin
         if self.client is not None:
             self.client.send(msg)
         elif isinstance(msg, KEPT_WHILE_AWAY):
@@ -83,10 +81,11 @@ class HeadLink:
             raise
 
     def rejoin(self, first: list[m.Msg]) -> None:
+        """Called once connect() succeeded."""
+        assert self.client is not None
         for msg in [*first, *self.kills]:
-            if self.client is not None:
-                self.client.send(msg)
-        while self.kept and self.client is not None:
+            self.client.send(msg)
+        while self.kept:
             self.client.send(self.kept.popleft())
 
     def close(self) -> None:

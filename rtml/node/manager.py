@@ -140,10 +140,10 @@ class NodeManager(Service):
                              str(self.session.root), self.transfer_address, rejoin=rejoin)
         if rejoin:
             ready = {w.actor_id: w for w in self.workers.values() if w.actor_ready}
-            msg.actors = [m.HostedActor(spec, *((ready[actor_id].address,
-                                                 ready[actor_id].tcp_address)
-                                                if actor_id in ready else ()))
-                          for actor_id, spec in self.actor_specs.items()]
+            for actor_id, spec in self.actor_specs.items():
+                worker = ready.get(actor_id)
+                msg.actors.append(m.HostedActor(spec, worker.address, worker.tcp_address)
+                                  if worker is not None else m.HostedActor(spec))
         return msg
 
     async def ready_when_registered(self, ready: ReadyPipe) -> None:
@@ -186,10 +186,9 @@ class NodeManager(Service):
                 while True:
                     self._on_head_message(await self.head.receive())
             except (ConnectionError, OSError) as exc:
-                timeout = self.cfg.head_timeout
                 log.warning("lost the head service (%s); workers and actors keep running, "
-                            "reconnecting for up to %g s", exc, timeout)
-            await self.head.connect(timeout)
+                            "reconnecting for up to %g s", exc, self.cfg.head_timeout)
+            await self.head.connect(self.cfg.head_timeout)
             self.head.rejoin([self._registration(rejoin=True), *self.leases.respill()])
             log.info("rejoined the head service at %s", self.cfg.head_address)
 
