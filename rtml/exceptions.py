@@ -108,7 +108,19 @@ class NodeDiedError(RtmlError):
 
 
 class ObjectLostError(RtmlError):
-    """Every copy of the object is gone and it cannot be rebuilt."""
+    """Every copy of the object is gone and it cannot be rebuilt; the message says why
+    (objects made by ``put`` and results of actor calls are never rebuilt, a task result
+    only within its task's ``max_retries`` and while the arguments it needs live).
+
+    ``object_id``: the lost object's id, when known.
+    """
+
+    def __init__(self, message: str = "", object_id: bytes = b"") -> None:
+        super().__init__(message)
+        self.object_id = object_id
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (str(self), self.object_id)
 
 
 class OwnerDiedError(ObjectLostError):

@@ -9,6 +9,10 @@
            free returns nobody references
     cancel / lease failed / worker or actor lost / node manager gone / failed argument
         --> fail_task: every return set to the error -> done, settled -> wake getters
+    settled with a return in shared memory --> lineage[task_id], until its returns are freed
+    every copy of such a return gone (its node died, a read found it lost) --> rebuild:
+        the task runs again (attempt + 1, within max_retries), after its lost arguments
+        are rebuilt the same way; a task whose argument was lost under it is pushed again
 
 A task's getters are woken before any bookkeeping. Its PENDING record is written once
 it is pushed, so its final status may be written first: reading lineage keeps a final
@@ -17,24 +21,28 @@ status over a PENDING one.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rtml.control_plane import RAN, SUBMITTED
 from rtml.core.actors import ActorCaller, ActorLives
 from rtml.core.memory_store import IN_STORE, Entry, StoredError
+from rtml.core.object_ref import ObjectRef
 from rtml.core.serialization import from_payload, serialize
 from rtml.core.submitter import TaskRecord
-from rtml.exceptions import RtmlSystemError, TaskCancelledError
+from rtml.exceptions import ObjectLostError, RtmlSystemError, TaskCancelledError
 from rtml.ids import task_of
 from rtml.rpc import messages as m
+from rtml.scheduler.strategy import parse_affinity
 
 if TYPE_CHECKING:
-    from rtml.core.object_ref import ObjectRef
     from rtml.core.runtime import ClientRuntime
     from rtml.rpc.reactor import Connection
+
+log = logging.getLogger(__name__)
 
 _Outcome = tuple[TaskRecord, "m.TaskResult | dict[str, Any]"]
 """A done task, with its result or (if it failed here) its outcome record."""
@@ -46,6 +54,7 @@ class TaskOwner:
     def __init__(self, runtime: ClientRuntime) -> None:
         self.rt = runtime
         self.tasks: dict[bytes, TaskRecord] = {}  # by task id, from submit until settled
+        self.lineage: dict[bytes, TaskRecord] = {}  # settled, by task id: returns in shm
         self._callers: dict[bytes, ActorCaller] = {}  # this process's, by actor id
         self.lives = ActorLives(runtime)
         self._unsettled: deque[list[_Outcome]] = deque()  # done, bookkeeping not yet run
@@ -148,6 +157,8 @@ class TaskOwner:
                 self.fail_task(record, TaskCancelledError(
                     f"task {record.spec.name!r} was cancelled"))
                 continue
+            if msg.returns and msg.returns[0].is_error and self._argument_lost(record, msg):
+                continue
             if msg.node_id != here:
                 self._hold_remote_results(msg)
             for ret in msg.returns:
@@ -220,10 +231,13 @@ class TaskOwner:
         """Forget done tasks; each with its result, or its outcome record (lineage)."""
         rt = self.rt
         tasks = self.tasks
+        lineage = self.lineage
         with rt.lock:
-            for record, _ in finished:
+            for record, outcome in finished:
                 tasks.pop(record.spec.task_id, None)
                 record.keep_alive = ()
+                if not isinstance(outcome, dict) and _in_store(outcome):
+                    lineage[record.spec.task_id] = record  # to rebuild those returns
         submit = rt.writer.submit_task
         for record, outcome in finished:
             if record.has_contained:
@@ -233,6 +247,135 @@ class TaskOwner:
         if refs.refops:
             refs.process_refops()
         refs.free_unreferenced([oid for record, _ in finished for oid in record.return_ids])
+
+    # -- lineage: lost objects made again ------------------------------------------------------
+
+    def rebuild(self, object_ids: Sequence[bytes], why: str) -> bool:
+        """Owned objects in shared memory whose every copy is gone (``why``): run the tasks
+        that made them again, or store the error saying why they cannot be. True if the
+        first of them no longer waits on a copy that is gone (it is being made again, or
+        failed)."""
+        rt = self.rt
+        self.settle()  # results just in: their lineage is kept first
+        callbacks: list[tuple[Callable[[bytes], Any], bytes]] = []
+        with rt.lock:
+            for object_id in object_ids:
+                self._rebuild(object_id, why, callbacks)
+            first = rt.store.entries.get(object_ids[0])
+        rt.flush_sends()
+        for callback, object_id in callbacks:
+            callback(object_id)
+        return first is not IN_STORE
+
+    def _rebuild(self, object_id: bytes, why: str,
+                 callbacks: list[tuple[Callable[[bytes], Any], bytes]]) -> None:
+        """(Under the runtime lock.) Run the task that made ``object_id`` again, once the
+        arguments it needs are back (lost ones rebuilt first); or fail the object, its
+        getters' callbacks added to ``callbacks``."""
+        rt = self.rt
+        entries = rt.store.entries
+        if entries.get(object_id) is not IN_STORE:
+            return  # being made again already, or failed
+        task_id = task_of(object_id)
+        record = self.lineage.get(task_id)
+        problem = _unrebuildable(record, rt.dead_nodes)
+        pending: list[tuple[int, ObjectRef]] = []
+        keep: list[ObjectRef] = []
+        if record is not None and not problem:
+            problem = self._arguments_back(record, why, pending, keep, callbacks)
+        if record is None or problem:
+            lost = ObjectLostError(f"object {object_id.hex()} is lost ({why}) and cannot be "
+                                   f"rebuilt: {problem}", object_id)
+            rt.refs.locations.pop(object_id, None)
+            callbacks += rt.set_entries(
+                [(object_id, serialize(StoredError(lost)).to_payload(is_error=True))])
+            return
+        del self.lineage[task_id]
+        for return_id in record.return_ids:
+            if entries.get(return_id) is IN_STORE:
+                rt.store.pop(return_id)
+                rt.refs.locations.pop(return_id, None)
+        record.spec.attempt += 1
+        record.keep_alive = keep
+        record.done = False
+        record.worker = None
+        record.deps = len(pending)
+        self.tasks[task_id] = record
+        log.info("rebuilding object %s (%s): task %r runs again (attempt %d)",
+                 object_id.hex(), why, record.spec.name, record.spec.attempt)
+        for index, ref in pending:
+            rt.store.add_waiter(ref.id, self._dep_ready(record, index, ref))
+        if not pending:
+            rt.submitter.enqueue(record)
+
+    def _arguments_back(self, record: TaskRecord, why: str,
+                        pending: list[tuple[int, ObjectRef]], keep: list[ObjectRef],
+                        callbacks: list[tuple[Callable[[bytes], Any], bytes]]) -> str:
+        """Point ``record``'s owned arguments at where they are now, rebuilding those lost
+        with a dead node; those still being made go in ``pending``, refs keeping them all
+        in ``keep``. Returns why the task cannot run again, or ``""``."""
+        rt = self.rt
+        entries, locations, dead = rt.store.entries, rt.refs.locations, rt.dead_nodes
+        args = list(record.spec.args)
+        for index, arg in enumerate(args):
+            arg_id = arg.object_id
+            if not arg_id or arg.owner_id:
+                continue  # inline, or borrowed: its owner answers for it
+            if entries.get(arg_id) is IN_STORE and locations.get(arg_id) in dead:
+                self._rebuild(arg_id, why, callbacks)
+            entry = entries.get(arg_id)
+            if entry is None and not self.making(arg_id):
+                return (f"its argument {arg_id.hex()} was freed (an argument is kept for "
+                        f"rebuilding only while something references it)")
+            if isinstance(entry, m.Payload) and entry.is_error:
+                return f"its argument {arg_id.hex()} is lost too, or failed"
+            ref = ObjectRef(arg_id, rt.client_id)
+            keep.append(ref)
+            if entry is None:
+                pending.append((index, ref))
+            else:
+                args[index] = resolved_arg(ref, entry, rt.refs.location_of(arg_id))
+        record.spec.args = tuple(args)
+        return ""
+
+    def _argument_lost(self, record: TaskRecord, msg: m.TaskResult) -> bool:
+        """A task failed because an argument we own was lost as its worker read it: it
+        runs again (not charged: it never started) once that argument is rebuilt. False
+        if the failure stands."""
+        error = _error_of(msg.returns[0])
+        if type(error) is not ObjectLostError or record.spec.actor_id:
+            return False  # (an OwnerDiedError, or an error of the task's own code)
+        lost = error.object_id
+        index = next((i for i, arg in enumerate(record.spec.args)
+                      if arg.object_id == lost and not arg.owner_id), -1)
+        if index < 0:
+            return False  # borrowed: its owner rebuilds it, not us
+        rt = self.rt
+        self.rebuild([lost], str(error))
+        with rt.lock:
+            entry = rt.store.entries.get(lost)
+            if entry is None and not self.making(lost):
+                return False
+            ref = ObjectRef(lost, rt.client_id)
+            record.keep_alive = (*record.keep_alive, ref)
+            record.deps += 1
+            ready = self._dep_ready(record, index, ref)
+            if entry is None:
+                rt.store.add_waiter(lost, ready)
+        if entry is not None:
+            ready(lost)
+        return True
+
+    def forget_lineage(self, object_id: bytes) -> None:
+        """(Under the runtime lock.) ``object_id`` was freed: its task's lineage goes with
+        the last of its returns."""
+        lineage = self.lineage
+        if lineage:
+            record = lineage.get(task_of(object_id))
+            if record is not None:
+                entries = self.rt.store.entries
+                if not any(return_id in entries for return_id in record.return_ids):
+                    del lineage[task_of(object_id)]
 
     def making(self, object_id: bytes) -> bool:
         """Whether ``object_id`` is a return of one of our tasks not yet settled (call it
@@ -302,6 +445,34 @@ def _lineage(record: TaskRecord, msg: m.TaskResult) -> tuple[Any, ...]:
     return (RAN, record.spec.task_id, record.spec.attempt,
             "FAILED" if msg.returns and msg.returns[0].is_error else "FINISHED",
             msg.start_ts, msg.end_ts, msg.worker_pid, msg.node_id)
+
+
+def _in_store(msg: m.TaskResult) -> bool:
+    """Whether a return of the task lives in shared memory (so it can be lost)."""
+    for ret in msg.returns:
+        if ret.value is None:
+            return True
+    return False
+
+
+def _unrebuildable(record: TaskRecord | None, dead: set[bytes]) -> str:
+    """Why the object a lineage record (or none) made cannot be made again, or ``""``
+    (``dead``: the nodes known dead)."""
+    if record is None:
+        return ("it was made by put() (objects made by put are not rebuilt, as in Ray: keep "
+                "a copy elsewhere, or make it in a task)")
+    if record.spec.actor_id:
+        return "it was returned by an actor call (results of actor calls are not rebuilt)"
+    if record.has_contained:
+        return "its task's arguments hold refs nested in values, which are not kept"
+    if 0 <= record.max_retries <= record.spec.attempt:
+        return (f"its task {record.spec.name!r} has used its max_retries="
+                f"{record.max_retries}")
+    pinned = parse_affinity(record.key[-1]) if record.key else None
+    if pinned is not None and not pinned[1] and pinned[0] in dead:
+        return (f"its task {record.spec.name!r} must run on node {pinned[0].hex()} "
+                f"(NodeAffinitySchedulingStrategy, soft=False), which is dead")
+    return ""
 
 
 def _cancel_wins(record: TaskRecord, msg: m.TaskResult) -> bool:

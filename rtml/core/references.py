@@ -263,5 +263,6 @@ class ReferenceCounter:
                 holds_at = store.has_contained.pop(object_id, None)
                 if entry is IN_STORE or promoted:
                     releases.append(object_id)  # its node manager releases what it holds
+                    rt.owner.forget_lineage(object_id)
                 elif holds_at is not None:
                     holders.append((object_id, holds_at))

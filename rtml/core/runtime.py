@@ -119,6 +119,7 @@ class ClientRuntime:
         self.current_task_name = "driver"
         self.closed = False
         self.remote_nms: dict[bytes, Connection] = {}
+        self.dead_nodes: set[bytes] = set()  # told by our node manager
         self._warned_shapes: set[tuple[tuple[str, float], ...]] = set()
         self._unflushed: list[Connection] = []
         self.reactor.start()
@@ -284,7 +285,7 @@ class ClientRuntime:
         elif isinstance(msg, m.LeaseSpillback):
             self.submitter.on_spillback(msg)
         elif isinstance(msg, m.NodeDied):
-            self._node_died(msg.node_id)
+            self._node_died(msg.node_id, msg.reason, msg.kept)
         elif isinstance(msg, (m.ObjectAvailable, m.StoreStatsReply, m.HoldsFenced)):
             self._deliver_reply(msg.req_id, msg)
         elif isinstance(msg, m.LeaseFailed):
@@ -294,15 +295,26 @@ class ClientRuntime:
         elif self.on_worker_message is not None:
             self.on_worker_message(msg)
 
-    def _node_died(self, node_id: bytes) -> None:
-        """Tasks and actor calls running there are retried or fail; its objects are lost."""
+    def _node_died(self, node_id: bytes, reason: str, kept: Sequence[bytes] = ()) -> None:
+        """Tasks and actor calls running there are retried or fail; objects whose primary
+        was there live on where our node manager kept a copy (``kept``), else our own are
+        rebuilt from their lineage."""
         conn = self.remote_nms.pop(node_id, None)
         if conn is not None:
             conn.on_close = None
             conn.close("its node died")
+        self.dead_nodes.add(node_id)
+        locations, entries = self.refs.locations, self.store.entries
+        for object_id in kept:
+            if locations.get(object_id) == node_id:
+                del locations[object_id]  # its primary is the copy on our node now
+        lost = [object_id for object_id, where in list(locations.items())
+                if where == node_id and entries.get(object_id) is IN_STORE]
         self.submitter.node_died(node_id)
         for caller in self.owner.callers():
             caller.node_died(node_id)
+        if lost:
+            self.owner.rebuild(lost, f"its node {node_id.hex()} died ({reason})")
 
     def _warn_infeasible(self, shape: dict[str, float]) -> None:
         key = tuple(sorted(shape.items()))
@@ -534,8 +546,16 @@ class ClientRuntime:
         if isinstance(entry, m.Payload):
             value = _load(entry) if entry.is_error else from_payload(entry)
         else:
-            value = self.read_shared(ref.id, ref.owner, deadline,
-                                     self.refs.locations.get(ref.id, b""))
+            try:
+                value = self.read_shared(ref.id, ref.owner, deadline,
+                                         self.refs.locations.get(ref.id, b""))
+            except OwnerDiedError:
+                raise
+            except ObjectLostError as exc:
+                if ref.owner != self.client_id or not self.owner.rebuild([ref.id], str(exc)):
+                    raise
+                self._wait_owned([ref], deadline)
+                return self._value(ref, deadline)  # rebuilt, or the error saying why not
         if isinstance(value, StoredError):
             raise value.error
         return value

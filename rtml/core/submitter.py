@@ -134,7 +134,7 @@ class TaskSubmitter:
         strategy = key[-1] if key else ""  # a remote function's key ends with its strategy
         preferred = self._args_node(record.spec) if record.spec.args else b""
         if preferred:
-            key = record.key = (*key, preferred)
+            key = (*key, preferred)
         queue = self.queues.get(key)
         if queue is None:
             queue = self.queues[key] = ShapeQueue(record.shape, strategy, preferred)

@@ -213,9 +213,10 @@ class NodeManager(Service):
             self.registered.set()
         elif isinstance(msg, m.NodeDied):
             self.other_nodes.discard(msg.node_id)
-            self.objects.node_died(msg.node_id, msg.reason)
+            kept = self.objects.node_died(msg.node_id, msg.reason)
+            notice = m.NodeDied(msg.node_id, msg.reason, kept)
             for peer in self.clients:
-                peer.send(msg)
+                peer.send(notice)
         elif isinstance(msg, m.FlushOutput):  # after every print forwarded before it
             self.head.send(m.OutputFlushed(msg.req_id, self.node_id))
         elif isinstance(msg, m.Shutdown):

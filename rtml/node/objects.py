@@ -82,6 +82,13 @@ class ObjectTableBatch:
         self.recorded.add(object_id)
         self.puts[object_id] = {self.here: "SEALED"}
 
+    def adopted(self, object_id: bytes) -> None:
+        """The copy here is the object's primary now: its primary node died."""
+        self.dropped.discard(object_id)
+        self.recorded.add(object_id)
+        info = self.puts.setdefault(object_id, {})
+        info.update({"node_id": self.node_id, self.here: "SEALED", "state": "SEALED"})
+
     def state_changed(self, object_id: bytes, state: str, primary: bool) -> None:
         """The object moved between shared memory (SEALED) and disk (SPILLED)."""
         if object_id in self.recorded:
@@ -166,6 +173,7 @@ class ObjectManager:
             self.holds_at[msg.object_id] = msg.holds_at
         commands = self.store.seal(msg.object_id, msg.size, holder)
         if new:
+            self.lost.pop(msg.object_id, None)  # rebuilt by its owner
             self.table.sealed(msg.object_id, msg.size, msg.holder)
             self._located(msg.object_id, self.node_id)
         self.execute(commands)
@@ -188,6 +196,7 @@ class ObjectManager:
             return
         self._hold_remote(msg.object_ids, msg.holder, primary)
         for object_id in msg.object_ids:
+            self.lost.pop(object_id, None)  # (rebuilt there by its owner)
             if not self.store.contains(object_id):
                 for holder in self.store.take_holds(object_id):
                     self._hold_remote([object_id], holder, primary)
@@ -355,12 +364,21 @@ class ObjectManager:
                 for object_id in self.awaiting_address.pop(entry.node_id, ()):
                     self._start_pull(object_id, entry.node_id, entry.transfer_address)
 
-    def node_died(self, node_id: bytes, reason: str) -> None:
-        """Objects whose primary was there are lost; its holds on ours are dropped."""
+    def node_died(self, node_id: bytes, reason: str) -> list[bytes]:
+        """Objects whose primary was there are lost, unless a copy of them is here: that copy
+        becomes the primary, held by those who held the lost one (their ids are returned);
+        its holds on ours are dropped."""
         self.dead_nodes.add(node_id)
         self.links.forget(node_id)
         why = f"its node {node_id.hex()} died ({reason})"
-        lost = set(self.remote.node_died(node_id)) | self.awaiting_address.pop(node_id, set())
+        held = self.remote.node_died(node_id)
+        kept = [oid for oid in held if self.copy_of.get(oid) == node_id
+                and self.store.contains(oid)]
+        for object_id in kept:
+            for holder in held.pop(object_id):
+                self.execute(self.store.add_holds([object_id], holder))
+            self.table.adopted(object_id)
+        lost = set(held) | self.awaiting_address.pop(node_id, set())
         lost |= {oid for oid, source in self.pulls.items() if source == node_id}
         lost |= {oid for oid, (asked, _, _) in self.asked.items() if asked == node_id}
         for object_id in lost:
@@ -380,6 +398,7 @@ class ObjectManager:
             del self.copy_of[object_id]
         self.execute(self.store.release_holds(orphaned, COPY))
         self.release_holder(node_id)
+        return kept
 
     def objects_freed(self, object_ids: list[bytes]) -> None:
         """The primary node deleted these objects: drop our copies."""

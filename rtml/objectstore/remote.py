@@ -9,7 +9,8 @@ behind it, and says when the node-level hold must be added or dropped::
     client ReleaseHolds / ReleaseHolder  --> release() / release_holder()
                                          --> {A: ids no longer held here}
                                                          --> ReleaseHolds(ids, holder=this node) to A
-    node A died --> node_died(A) --> ids forgotten (their primary copy is gone)
+    node A died --> node_died(A) --> ids forgotten, with their holders (a copy here may
+                                     become the primary, held by them)
 """
 
 from __future__ import annotations
@@ -70,15 +71,18 @@ class RemoteHolds:
         """Drop every hold of ``holder`` (a client that left, a freed container)."""
         return self.release(list(self._held_by.get(holder, ())), holder)
 
-    def node_died(self, node_id: bytes) -> list[bytes]:
-        """Forget the objects whose primary was on ``node_id``; returns their ids."""
+    def node_died(self, node_id: bytes) -> dict[bytes, set[bytes]]:
+        """Forget the objects whose primary was on ``node_id``; returns their local holders,
+        by object id."""
         gone = [oid for oid, primary in self._primary.items() if primary == node_id]
+        holders_of: dict[bytes, set[bytes]] = {}
         for object_id in gone:
             del self._primary[object_id]
-            for holder in self._holders.pop(object_id, ()):
+            holders = holders_of[object_id] = self._holders.pop(object_id, set())
+            for holder in holders:
                 held = self._held_by.get(holder)
                 if held is not None:
                     held.discard(object_id)
                     if not held:
                         del self._held_by[holder]
-        return gone
+        return holders_of

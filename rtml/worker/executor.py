@@ -30,7 +30,13 @@ from rtml.core import context
 from rtml.core.memory_store import StoredError
 from rtml.core.runtime import ClientRuntime
 from rtml.core.serialization import Serialized, deserialize, from_payload, plain_payload, serialize
-from rtml.exceptions import RtmlError, TaskCancelledError, TaskError
+from rtml.exceptions import (
+    ObjectLostError,
+    OwnerDiedError,
+    RtmlError,
+    TaskCancelledError,
+    TaskError,
+)
 from rtml.ids import TaskID, first_return_id, object_id_for
 from rtml.rpc import messages as m
 from rtml.rpc.reactor import Connection
@@ -231,7 +237,13 @@ class Executor:
             if arg.value.is_error:
                 raise _Failed(arg.value)
             return from_payload(arg.value)
-        value = self.rt.read_shared(arg.object_id, arg.owner_id, None, arg.node_id)
+        try:
+            value = self.rt.read_shared(arg.object_id, arg.owner_id, None, arg.node_id)
+        except OwnerDiedError:
+            raise
+        except ObjectLostError as exc:  # its owner may rebuild it, and push the task again
+            lost = ObjectLostError(f"an argument of this task is lost: {exc}", arg.object_id)
+            raise _Failed(serialize(StoredError(lost)).to_payload(is_error=True)) from None
         if isinstance(value, StoredError):
             raise _Failed(serialize(value).to_payload(is_error=True))
         return value

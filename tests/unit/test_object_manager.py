@@ -15,7 +15,7 @@ import pytest
 
 from rtml.exceptions import ObjectLostError
 from rtml.node.links import NodeLinks
-from rtml.node.objects import MAX_ASKS, ObjectManager
+from rtml.node.objects import COPY, MAX_ASKS, ObjectManager
 from rtml.rpc import messages as m
 
 HERE, B, C = b"a" * 16, b"b" * 16, b"c" * 16  # this node and two others
@@ -488,5 +488,27 @@ def test_an_object_lost_with_its_node_is_said_lost_to_those_asking_later(
         assert later.sent == [m.ObjectLocated(2, X, b"", why)]
         assert waiter.sent == [m.ObjectAvailable(3, b"", why)]
         assert manager.awaited == {} and manager.locating == {}
+
+    asyncio.run(scenario())
+
+
+def test_a_copy_of_a_dead_nodes_object_becomes_the_primary_for_its_holders(
+        tmp_path: Path) -> None:
+    async def scenario() -> None:
+        manager, _ = _manager(tmp_path)
+        manager.client_joined(OWNER)
+        manager.add_holds(m.AddHolds([X, Y], OWNER, B))  # made on B, held through here
+        manager.copy_of[X] = B  # X was pulled here
+        manager.store.seal(X, 10, COPY)
+        kept = manager.node_died(B, "killed")
+        assert kept == [X] and manager.copy_of == {}
+        manager._collect()
+        assert manager.store.contains(X)  # held here by its owner now, not as a copy
+        waiter = FakePeer()
+        manager.wait(waiter, set(), m.WaitObject(1, Y, OWNER))  # Y had no copy here: lost
+        assert waiter.sent == [m.ObjectAvailable(1, b"", f"its node {B.hex()} died (killed)")]
+        manager.release_holds(m.ReleaseHolds([X], OWNER))
+        manager._collect()
+        assert not manager.store.contains(X)
 
     asyncio.run(scenario())

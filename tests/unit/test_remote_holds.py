@@ -31,5 +31,5 @@ def test_a_dead_primary_is_forgotten() -> None:
     holds = RemoteHolds()
     holds.add([X], b"c1", NODE_A)
     holds.add([Z], b"c1", NODE_B)
-    assert holds.node_died(NODE_A) == [X]
+    assert holds.node_died(NODE_A) == {X: {b"c1"}}
     assert holds.release_holder(b"c1") == {NODE_B: [Z]}

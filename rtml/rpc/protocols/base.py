@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import msgspec
 
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 
 
 class Msg(msgspec.Struct, array_like=True, tag=True, omit_defaults=False, gc=False):

@@ -57,9 +57,13 @@ class NodeTable(Msg, tag=65):
 
 
 class NodeDied(Msg, tag=66):
-    """Sent to node managers and drivers: tasks, objects and actors there are gone."""
+    """Sent to node managers and drivers: tasks, objects and actors there are gone.
+
+    ``kept``: set by a node manager telling its clients, the objects whose primary was there
+    and whose copy here is the primary now (nothing to rebuild for them)."""
     node_id: bytes
     reason: str
+    kept: list[bytes] = []
 
 
 class SpillLease(Msg, tag=67):
