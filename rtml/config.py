@@ -35,6 +35,9 @@ ZYGOTE_REAP = "reap"
 what exited workers left running; nothing is written back for it."""
 LEASE_IDLE_TIMEOUT = 0.05
 """Seconds a leased worker may sit idle before the owner hands it back."""
+STORE_FULL_TIMEOUT = 10.0
+"""Seconds a new object waits for room in a full object store (objects being freed,
+spilled or restored meanwhile) before its ``put`` or task fails with ObjectStoreFullError."""
 STORE_RESOURCE = "object_store_memory"
 """The resource that names a node's shared-memory capacity; its available amount is the
 store's free bytes."""

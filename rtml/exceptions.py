@@ -132,6 +132,22 @@ class OwnerDiedError(ObjectLostError):
     """
 
 
+class ObjectStoreFullError(RtmlError):
+    """A new object (a ``put``, a task's return) found no room in its node's object store,
+    even after spilling what could be spilled and waiting for objects to be freed.
+
+    Drop refs you no longer need (so their objects are freed), or give the node a larger
+    ``object_store_memory``.
+    """
+
+
+class OutOfDiskError(ObjectStoreFullError):
+    """The object store is full and spilling objects to disk failed (the message names the
+    directory and the error, such as no space left on the device). The objects that could
+    not be spilled stay in memory, readable. Free space there, or give the node a larger
+    ``object_store_memory``."""
+
+
 class GetTimeoutError(RtmlError, TimeoutError):
     """``get`` or ``wait`` ran out of time; the object may still arrive later."""
 
@@ -150,6 +166,6 @@ class ProtocolError(RtmlError):
 
 __all__ = [
     "ActorDiedError", "ActorError", "GetTimeoutError", "NodeDiedError", "ObjectLostError",
-    "OwnerDiedError", "ProtocolError", "RtmlError", "RtmlSystemError", "TaskCancelledError", "TaskError",
+    "ObjectStoreFullError", "OutOfDiskError", "OwnerDiedError", "ProtocolError", "RtmlError", "RtmlSystemError", "TaskCancelledError", "TaskError",
     "WorkerCrashedError",
 ]

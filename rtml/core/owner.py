@@ -69,8 +69,7 @@ class TaskOwner:
         rt = self.rt
         spec = record.spec
         if rt.nm.closed:
-            raise RtmlSystemError(f"the node manager at {rt.config.nm_address} is gone; "
-                                  f"call rtml.shutdown() and rtml.init() again")
+            raise rt.nm_gone()
         # Reference changes queued meanwhile are applied when finished tasks are settled,
         # before unreferenced returns are freed, and by get/wait: not once per submission.
         direct: Connection | None = None  # an actor's: the call goes at once, on it

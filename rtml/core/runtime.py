@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rtml import objectstore
-from rtml.config import INLINE_MAX, default_head_timeout
+from rtml.config import INLINE_MAX, STORE_FULL_TIMEOUT, default_head_timeout
 from rtml.control_plane import BatchedWriter, ControlPlane
 from rtml.core import object_ref
 from rtml.core.head_link import HeadLink
@@ -49,6 +49,8 @@ from rtml.core.submitter import TaskSubmitter
 from rtml.exceptions import (
     GetTimeoutError,
     ObjectLostError,
+    ObjectStoreFullError,
+    OutOfDiskError,
     OwnerDiedError,
     RtmlSystemError,
     TaskError,
@@ -229,6 +231,11 @@ class ClientRuntime:
             del self.remote_nms[node_id]
             self.submitter.node_died(node_id)  # requests sent on it will never be answered
 
+    def nm_gone(self) -> RtmlSystemError:
+        """The error of a call that needs this process's node manager, which is gone."""
+        return RtmlSystemError(f"the node manager at {self.config.nm_address} is gone; "
+                               f"call rtml.shutdown() and rtml.init() again")
+
     def next_request_id(self) -> int:
         return next(self._req_ids)
 
@@ -237,6 +244,9 @@ class ClientRuntime:
         """Send a request built with a fresh req_id and block for its reply. Raises
         GetTimeoutError (RtmlSystemError from the head), or the error the request failed
         with (RtmlSystemError)."""
+        if isinstance(conn, Connection) and conn.closed:
+            raise self.nm_gone() if conn is self.nm else RtmlSystemError(
+                f"the connection to {conn.name} is closed")
         done = Flag()
         box: list[Any] = []
         req_id = self.next_request_id()
@@ -286,7 +296,8 @@ class ClientRuntime:
             self.submitter.on_spillback(msg)
         elif isinstance(msg, m.NodeDied):
             self._node_died(msg.node_id, msg.reason, msg.kept)
-        elif isinstance(msg, (m.ObjectAvailable, m.StoreStatsReply, m.HoldsFenced)):
+        elif isinstance(msg, (m.ObjectAvailable, m.ObjectCreated, m.StoreStatsReply,
+                              m.HoldsFenced)):
             self._deliver_reply(msg.req_id, msg)
         elif isinstance(msg, m.LeaseFailed):
             self.submitter.on_lease_failed(msg)
@@ -337,6 +348,8 @@ class ClientRuntime:
             pending = self.owner.unfinished()
         for record in pending:
             self.owner.fail_task(record, error)
+        for req_id in list(self._replies):  # nothing waited for will be answered now
+            self._deliver_reply(req_id, error)
 
     def _on_head_message(self, conn: Connection, msg: Any) -> None:
         if isinstance(msg, m.ActorInfo) and not msg.req_id:  # an actor we created is DEAD
@@ -386,7 +399,14 @@ class ClientRuntime:
         if ser.size <= INLINE_MAX:
             entry: Entry = ser.to_payload(is_error)
         else:
-            self.write_shared(object_id, ser, holder=self.client_id)
+            try:
+                self.write_shared(object_id, ser, holder=self.client_id)
+            except ObjectStoreFullError:
+                if ser.contained:  # the refs inside it are not held for it after all
+                    with self.lock:
+                        self.store.has_contained.pop(object_id, None)
+                    self.nm.send(m.ReleaseHolder(object_id))
+                raise
             entry = IN_STORE
         for callback, _ in self.set_entries([(object_id, entry)]):
             callback(object_id)
@@ -398,7 +418,13 @@ class ClientRuntime:
                 self.store.has_contained[container_id] = b""
 
     def write_shared(self, object_id: bytes, ser: Serialized, holder: bytes) -> int:
-        """Write a value into this node's shared-memory store on behalf of ``holder``."""
+        """Write a value into this node's shared-memory store on behalf of ``holder``, once
+        the node manager has made room for it. Raises ObjectStoreFullError (OutOfDiskError
+        if spilling failed) when it cannot."""
+        answer = self.request(self.nm, lambda req_id: m.CreateObject(req_id, object_id, ser.size),
+                              STORE_FULL_TIMEOUT + 30)
+        if answer.error:
+            raise (OutOfDiskError if answer.out_of_disk else ObjectStoreFullError)(answer.error)
         path = objectstore.segment_path(self.store_namespace, object_id)
         try:
             size = objectstore.write_segment(path, ser.inband, ser.buffers)
@@ -461,11 +487,11 @@ class ClientRuntime:
                    and not os.path.exists(objectstore.segment_path(ns, r.id))]
         if len(missing) < 2:
             return None
-        arrived: list[tuple[ObjectRef, m.ObjectAvailable]] = []
+        arrived: list[tuple[ObjectRef, m.ObjectAvailable | RtmlSystemError]] = []
         wake = [Flag()]
 
         def on_reply(ref: ObjectRef) -> Callable[[m.ObjectAvailable], None]:
-            def reply(msg: m.ObjectAvailable) -> None:
+            def reply(msg: m.ObjectAvailable | RtmlSystemError) -> None:
                 arrived.append((ref, msg))
                 wake[0].set()
             return reply
@@ -577,11 +603,13 @@ class ClientRuntime:
     def await_shared(self, object_id: bytes, owner: bytes, deadline: float | None,
                      node_id: bytes = b"") -> None:
         """Ask the node manager to make an object present here; block until it is."""
+        if self.nm.closed:
+            raise self.nm_gone()
         done = Flag()
-        box: list[m.ObjectAvailable] = []
+        box: list[m.ObjectAvailable | RtmlSystemError] = []
         req_id = self.next_request_id()
 
-        def reply(msg: m.ObjectAvailable) -> None:
+        def reply(msg: m.ObjectAvailable | RtmlSystemError) -> None:
             box.append(msg)
             done.set()
 
@@ -787,8 +815,11 @@ def _wait_request(ref: ObjectRef, node_id: bytes) -> Callable[[int], m.Msg]:
     return lambda req_id: m.WaitObject(req_id, ref.id, ref.owner, node_id)
 
 
-def _raise_unavailable(object_id: bytes, answer: m.ObjectAvailable) -> None:
-    """Raise the error a node manager's answer to WaitObject carries, if any."""
+def _raise_unavailable(object_id: bytes, answer: m.ObjectAvailable | RtmlSystemError) -> None:
+    """Raise the error a node manager's answer to WaitObject carries, if any (or the error
+    of a node manager that went away)."""
+    if isinstance(answer, RtmlSystemError):
+        raise answer
     if answer.owner_died:
         raise OwnerDiedError(f"object {object_id.hex()} cannot be made: {answer.error}")
     if answer.error:

@@ -309,6 +309,9 @@ class NodeManager(Service):
 
     # -- objects -----------------------------------------------------------------------------
 
+    def _create(self, peer: Peer, client: Client, msg: m.CreateObject) -> None:
+        self.objects.create(peer, client.client_id, msg)
+
     def _seal(self, peer: Peer, client: Client, msg: m.SealObject) -> None:
         self.objects.seal(msg)
 
@@ -347,7 +350,7 @@ class NodeManager(Service):
         m.RequestLease: _request_lease, m.ReturnLease: _return_lease,
         m.CancelLeaseRequest: _cancel_lease_request, m.WorkerBlocked: _blocked,
         m.WorkerUnblocked: _blocked, m.WorkerListening: _listening,
-        m.ActorReady: _actor_ready, m.SealObject: _seal, m.AddHolds: _add_holds,
+        m.ActorReady: _actor_ready, m.CreateObject: _create, m.SealObject: _seal, m.AddHolds: _add_holds,
         m.ReleaseHolds: _release_holds, m.ReleaseHolder: _release_holder,
         m.WaitObject: _wait_object, m.CancelTask: _cancel_task, m.StoreStats: _stats,
         m.WorkerOutput: _output, m.ObjectsFreed: _objects_freed,

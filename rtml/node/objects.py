@@ -1,5 +1,7 @@
 """The object manager of one node: the store core's asyncio shell, and objects of other nodes.
 
+    clients --CreateObject--> room reserved (others spilled first), or a wait for it, or
+              ObjectCreated(error): the store is full, or spilling failed (out of disk)
     clients --SealObject/AddHolds/ReleaseHolds/WaitObject--> ObjectManager
         objects whose primary copy is here -> StoreCore -> Spill/Restore/Delete, Notify*
         objects whose primary is on node A -> RemoteHolds -> AddHolds/ReleaseHolds
@@ -25,9 +27,11 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rtml.config import STORE_FULL_TIMEOUT
 from rtml.control_plane import ControlPlane, location_field
 from rtml.exceptions import ObjectLostError, RtmlSystemError
 from rtml.node.links import NodeLinks
@@ -50,6 +54,18 @@ LOST_KEPT = 65_536
 
 GONE_CLIENTS_KEPT = 10_000
 """Disconnected client ids remembered, so late seals on their behalf hold nothing."""
+
+
+@dataclass(eq=False)
+class _Creation:
+    """A client waiting for room to create an object (see :meth:`ObjectManager.create`)."""
+
+    peer: Any
+    req_id: int
+    object_id: bytes
+    size: int
+    creator: bytes
+    timer: asyncio.TimerHandle | None = None
 
 
 class ObjectTableBatch:
@@ -156,12 +172,68 @@ class ObjectManager:
         self.owners: dict[bytes, tuple[bytes, int]] = {}  # object pulled -> (owner, asks so far)
         self.asked: dict[bytes, tuple[bytes, bytes, int]] = {}  # object -> (node asked, owner,
         self._locate_ids = 0                                 #            asks so far)
-        self.lost: OrderedDict[bytes, str] = OrderedDict()  # primary died with its node: why
+        self.lost: OrderedDict[bytes, str] = OrderedDict()  # gone (its node died, a restore
+        #                                                  failed), asked for later: why
+        self.creating: list[_Creation] = []  # waiting for room, oldest first
+        self.spill_error = ""  # why the last spill failed, while making room
         self.background: set[asyncio.Future[Any]] = set()
         self.transfer: Any = None
         self.loop = asyncio.get_running_loop()
 
     # -- client events -------------------------------------------------------------------------
+
+    def create(self, peer: Any, creator: bytes, msg: m.CreateObject) -> None:
+        """Room for an object ``creator`` is about to write here: made by spilling others
+        if need be, else waited for (objects freed meanwhile) up to STORE_FULL_TIMEOUT s.
+        Answered either way; a spill that fails answers at once, out of disk."""
+        capacity = self.store.capacity
+        if msg.size > capacity:
+            peer.send(m.ObjectCreated(msg.req_id, (
+                f"an object of {msg.size} bytes does not fit in the object store of node "
+                f"{self.node_id.hex()} ({capacity} bytes); give the node a larger "
+                f"object_store_memory")))
+            return
+        creation = _Creation(peer, msg.req_id, msg.object_id, msg.size, creator)
+        if not self._try_create(creation):
+            self.creating.append(creation)
+            creation.timer = self.loop.call_later(STORE_FULL_TIMEOUT, self._expired, creation)
+
+    def _try_create(self, creation: _Creation) -> bool:
+        """Make room and reserve it; True once the creator has been answered."""
+        self.spill_error = ""
+        self.execute(self.store.make_room(creation.size))
+        if self.store.reserve(creation.object_id, creation.size, creation.creator):
+            creation.peer.send(m.ObjectCreated(creation.req_id))
+        elif self.spill_error:
+            creation.peer.send(m.ObjectCreated(
+                creation.req_id, f"{self._full(creation.size)}, and {self.spill_error}; "
+                f"the objects that could not be spilled stay in memory", out_of_disk=True))
+        else:
+            return False
+        return True
+
+    def _retry_creations(self) -> None:
+        """Room may have been freed: answer the creations waiting for it, in order."""
+        waiting, self.creating = self.creating, []
+        for creation in waiting:
+            if self._try_create(creation):
+                if creation.timer is not None:
+                    creation.timer.cancel()
+            else:
+                self.creating.append(creation)
+
+    def _expired(self, creation: _Creation) -> None:
+        if creation in self.creating:
+            self.creating.remove(creation)
+            creation.peer.send(m.ObjectCreated(creation.req_id, (
+                f"{self._full(creation.size)} for {STORE_FULL_TIMEOUT:g} s (nothing more "
+                f"could be spilled); drop refs to objects no longer needed, or give the "
+                f"node a larger object_store_memory")))
+
+    def _full(self, size: int) -> str:
+        stats = self.store.stats()
+        return (f"the object store of node {self.node_id.hex()} has no room for {size} "
+                f"bytes: {stats['used_bytes']} of {stats['capacity']} used by live objects")
 
     def seal(self, msg: m.SealObject) -> None:
         new = not self.store.contains(msg.object_id)
@@ -284,6 +356,13 @@ class ObjectManager:
         for waiter_id in waiters:
             self.waiters.pop(waiter_id, None)
             self.store.cancel_waiter(waiter_id)
+        self.store.unreserve(client_id)
+        for creation in [c for c in self.creating if c.creator == client_id]:
+            self.creating.remove(creation)
+            if creation.timer is not None:
+                creation.timer.cancel()
+        if self.creating:  # the room it had reserved may be theirs
+            self._retry_creations()
         self.gone_clients[client_id] = None
         if len(self.gone_clients) > GONE_CLIENTS_KEPT:
             del self.gone_clients[next(iter(self.gone_clients))]
@@ -388,9 +467,7 @@ class ObjectManager:
             self.awaited.pop(object_id, None)
             for peer, req_id in self.locating.pop(object_id, ()):
                 peer.send(m.ObjectLocated(req_id, object_id, b"", why))
-            self.lost[object_id] = why  # its owner lives on: asked later, we say why
-            if len(self.lost) > LOST_KEPT:
-                self.lost.popitem(last=False)
+            self._remember_lost(object_id, why)  # its owner lives on: asked later, we say why
         for holders in self.copies.values():
             holders.discard(node_id)
         orphaned = [oid for oid, primary in self.copy_of.items() if primary == node_id]
@@ -399,6 +476,11 @@ class ObjectManager:
         self.execute(self.store.release_holds(orphaned, COPY))
         self.release_holder(node_id)
         return kept
+
+    def _remember_lost(self, object_id: bytes, why: str) -> None:
+        self.lost[object_id] = why
+        if len(self.lost) > LOST_KEPT:
+            self.lost.popitem(last=False)
 
     def objects_freed(self, object_ids: list[bytes]) -> None:
         """The primary node deleted these objects: drop our copies."""
@@ -505,7 +587,10 @@ class ObjectManager:
 
     def _collect(self) -> None:
         self._collect_scheduled = False
-        self.execute(self.store.collect())
+        deletes = self.store.collect()
+        self.execute(deletes)
+        if deletes and self.creating:
+            self._retry_creations()
 
     def execute(self, commands: list[Any], owner_died: bool = False) -> None:
         """Carry out the store core's commands; ``owner_died``: the losses they report are
@@ -536,13 +621,18 @@ class ObjectManager:
         return segment.spill_path(self.spill_dir, object_id)
 
     def _spill(self, object_id: bytes) -> None:
+        spill_file = self._spill_file(object_id)
         try:
-            segment.copy_file(self._segment(object_id), self._spill_file(object_id))
-            os.unlink(self._segment(object_id))
-        except OSError as exc:
-            log.error("spilling %s failed: %s", object_id.hex(), exc)
-            self.execute(self.store.lost(object_id, f"spill failed: {exc}"))
+            segment.copy_file(self._segment(object_id), spill_file)
+        except OSError as exc:  # (a full disk): the object stays in shared memory
+            log.error("spilling %s to %s failed: %s", object_id.hex(), self.spill_dir, exc)
+            with contextlib.suppress(OSError):
+                os.unlink(spill_file)
+            self.store.spill_failed(object_id)
+            self.spill_error = f"spilling to {self.spill_dir} failed: {exc}"
             return
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._segment(object_id))
         self.table.state_changed(object_id, "SPILLED", object_id not in self.copy_of)
 
     def _restore(self, object_id: bytes) -> None:
@@ -551,7 +641,9 @@ class ObjectManager:
             os.unlink(self._spill_file(object_id))
         except OSError as exc:
             log.error("restoring %s failed: %s", object_id.hex(), exc)
-            self.execute(self.store.lost(object_id, f"restore failed: {exc}"))
+            why = f"restoring it from {self.spill_dir} failed: {exc}"
+            self._remember_lost(object_id, why)  # asked for later: said lost, not awaited
+            self.execute(self.store.lost(object_id, why))
             return
         self.table.state_changed(object_id, "SEALED", object_id not in self.copy_of)
         self.execute(self.store.restored(object_id))

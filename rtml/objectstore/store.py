@@ -5,7 +5,8 @@ method for each event it sees and executes the returned commands in order::
 
     client / owner / daemon events            commands for the shell
     ------------------------------            ----------------------
-    seal, add_holds, release_*  --+       +-> Spill(id, size)      copy shm -> disk, unlink shm
+    make_room, reserve          --+       +-> Spill(id, size)      copy shm -> disk, unlink shm
+    seal, add_holds, release_*  --+
     wait, cancel_waiter           |       +-> Restore(id, size)    copy disk -> shm, then restored()
     spilled, restored, lost       +-> StoreCore -> Delete(id, spilled)  unlink the file
     collect (once per loop turn) -+       +-> NotifyReady(id, waiters)
@@ -24,8 +25,15 @@ everything it held (the cascade). Releases only mark candidates; ``collect()``
 deletes them, so a hold that arrives in the same loop turn as a release wins.
 
 Accounting: ``used`` counts bytes in shared memory (SEALED, plus RESTORING
-objects, whose room is reserved when ``Restore`` is issued). A ``Spill``
-command lowers ``used`` at once: the shell performs it before the next event.
+objects, whose room is reserved when ``Restore`` is issued, plus the room reserved
+for objects being created). A ``Spill`` command lowers ``used`` at once: the shell
+performs it before the next event, and gives the bytes back (``spill_failed``) if
+it could not, so the object stays where it is.
+
+Creating an object (a ``put``, a task's large return) asks for its room first:
+``make_room`` spills LRU objects, then ``reserve`` grants the room if it fits (the
+seal then counts nothing more), so the store's capacity holds when objects are
+made; a reservation whose creator leaves is given back.
 """
 
 from __future__ import annotations
@@ -125,6 +133,7 @@ class StoreCore:
         self._held_by: dict[bytes, set[bytes]] = {}  # holder -> object ids
         self._waiting: dict[int, set[bytes]] = {}  # waiter id -> object ids
         self._candidates: dict[bytes, None] = {}  # ordered set of deletion candidates
+        self._reserved: dict[bytes, tuple[int, bytes]] = {}  # being created -> (bytes, creator)
         self._released_early: OrderedDict[tuple[bytes, bytes], None] = OrderedDict()
         """(object, holder) released before the seal naming that holder arrived: the seal
         must not hold it for them (a seal and a release come on different connections)."""
@@ -178,6 +187,9 @@ class StoreCore:
         :meth:`collect` frees it.
         """
         entry = self._entries.setdefault(object_id, _Entry())
+        reserved = self._reserved.pop(object_id, None)
+        if reserved is not None:
+            self._used -= reserved[0]  # counted below as the object itself
         if holder and (object_id, holder) in self._released_early:
             del self._released_early[(object_id, holder)]
             holder = b""  # its holder let go of it already
@@ -193,6 +205,36 @@ class StoreCore:
         commands = self._wake(object_id, entry)
         commands += self._make_room(0, exclude=object_id)
         return commands
+
+    def make_room(self, size: int) -> list[Command]:
+        """Spill least-recently-used objects until ``size`` more bytes fit (as far as
+        spilling can), for an object about to be created; then :meth:`reserve`."""
+        return self._make_room(size, exclude=b"")
+
+    def reserve(self, object_id: bytes, size: int, creator: bytes) -> bool:
+        """Reserve ``size`` bytes for ``object_id``, about to be created by ``creator``:
+        True if they fit now (counted as used until its seal, or :meth:`unreserve`)."""
+        if object_id in self._reserved or self.contains(object_id):
+            return True  # asked again (a retried task): the first reservation stands
+        if self._used + size > self.capacity:
+            return False
+        self._reserved[object_id] = (size, creator)
+        self._used += size
+        return True
+
+    def unreserve(self, creator: bytes) -> None:
+        """``creator`` left: the room it reserved for objects it never sealed is free."""
+        for object_id in [oid for oid, (_, c) in self._reserved.items() if c == creator]:
+            self._used -= self._reserved.pop(object_id)[0]
+
+    def spill_failed(self, object_id: bytes) -> None:
+        """The shell could not carry out a ``Spill``: the object stays in shared memory
+        (its bytes count again; it is spilled last from now on)."""
+        entry = self._entries.get(object_id)
+        if entry is not None and entry.state == SPILLED:
+            entry.state = SEALED
+            self._used += entry.size
+            self.touch(object_id)
 
     def touch(self, object_id: bytes) -> None:
         """Mark the object as just used, so it is spilled last."""

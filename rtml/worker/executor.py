@@ -32,6 +32,7 @@ from rtml.core.runtime import ClientRuntime
 from rtml.core.serialization import Serialized, deserialize, from_payload, plain_payload, serialize
 from rtml.exceptions import (
     ObjectLostError,
+    ObjectStoreFullError,
     OwnerDiedError,
     RtmlError,
     TaskCancelledError,
@@ -156,6 +157,8 @@ class Executor:
             returns = self._returns(spec, value)
         except _Failed as failed:
             returns = self._error_returns(spec, failed.payload)
+        except ObjectStoreFullError as exc:  # no room for its return: the error itself
+            returns = self._error_returns(spec, serialize(StoredError(exc)).to_payload(True))
         except (Exception, asyncio.CancelledError) as exc:  # cancelled: a TaskError, as Ray
             returns = self._exception_returns(spec, exc)
         finally:
@@ -187,6 +190,8 @@ class Executor:
             return self._cancelled(spec, start)
         except _Failed as failed:
             returns = self._error_returns(spec, failed.payload)
+        except ObjectStoreFullError as exc:
+            returns = self._error_returns(spec, serialize(StoredError(exc)).to_payload(True))
         except Exception as exc:
             returns = self._exception_returns(spec, exc)
         return self._result(spec, returns, start)

@@ -7,6 +7,8 @@ releases of holders and nested refs forwarded to the node holding them."""
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
 import uuid
 from pathlib import Path
 from typing import cast
@@ -14,8 +16,10 @@ from typing import cast
 import pytest
 
 from rtml.exceptions import ObjectLostError
+from rtml.node import objects
 from rtml.node.links import NodeLinks
 from rtml.node.objects import COPY, MAX_ASKS, ObjectManager
+from rtml.objectstore import segment
 from rtml.rpc import messages as m
 
 HERE, B, C = b"a" * 16, b"b" * 16, b"c" * 16  # this node and two others
@@ -510,5 +514,92 @@ def test_a_copy_of_a_dead_nodes_object_becomes_the_primary_for_its_holders(
         manager.release_holds(m.ReleaseHolds([X], OWNER))
         manager._collect()
         assert not manager.store.contains(X)
+
+    asyncio.run(scenario())
+
+
+def _sealed(manager: ObjectManager, object_id: bytes, n_bytes: int, holder: bytes) -> None:
+    """An object of about ``n_bytes`` written to shared memory and sealed here."""
+    size = segment.write_segment(manager._segment(object_id), b"x" * n_bytes, [])
+    manager.seal(m.SealObject(object_id, size, holder))
+
+
+def _created(manager: ObjectManager, creator: bytes, object_id: bytes,
+             n_bytes: int) -> FakePeer:
+    peer = FakePeer()
+    manager.create(peer, creator, m.CreateObject(7, object_id, n_bytes))
+    return peer
+
+
+def test_room_for_a_new_object_is_made_by_spilling_before_it_is_written(
+        tmp_path: Path) -> None:
+    async def scenario() -> None:
+        manager, _ = _manager(tmp_path)
+        try:
+            _sealed(manager, X, 600_000, H1)
+            peer = _created(manager, H2, Y, 600_000)
+            assert peer.sent == [m.ObjectCreated(7)]
+            assert manager.store.state(X) == "SPILLED"
+            assert os.path.exists(manager._spill_file(X))
+            assert manager.store.stats()["used_bytes"] == 600_000  # Y's room, reserved
+            _sealed(manager, Y, 600_000, H2)
+            used = manager.store.stats()["used_bytes"]
+            assert 600_000 < used < 601_000  # Y itself (and its header), counted once
+        finally:
+            manager.shutdown(None)
+
+    asyncio.run(scenario())
+
+
+def test_a_spill_that_fails_keeps_the_object_and_the_new_one_fails_out_of_disk(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_space(source: str, destination: str) -> None:
+        with open(destination, "wb") as f:  # a partial copy, then the disk is full
+            f.write(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    async def scenario() -> None:
+        manager, _ = _manager(tmp_path)
+        try:
+            _sealed(manager, X, 600_000, H1)
+            monkeypatch.setattr(segment, "copy_file", no_space)
+            peer = _created(manager, H2, Y, 600_000)
+            (answer,) = peer.sent
+            assert isinstance(answer, m.ObjectCreated) and answer.out_of_disk
+            assert f"spilling to {tmp_path} failed" in answer.error
+            assert "No space left on device" in answer.error
+            assert manager.store.state(X) == "SEALED"  # kept where it was, readable
+            assert os.path.exists(manager._segment(X))
+            assert not os.path.exists(manager._spill_file(X))  # no partial copy left
+            assert manager.store.stats()["used_bytes"] > 600_000
+        finally:
+            manager.shutdown(None)
+
+    asyncio.run(scenario())
+
+
+def test_a_new_object_waits_for_room_then_fails_saying_the_store_is_full(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(objects, "STORE_FULL_TIMEOUT", 0.05)
+
+    async def scenario() -> None:
+        manager, _ = _manager(tmp_path)
+        try:
+            assert _created(manager, H1, X, 600_000).sent == [m.ObjectCreated(7)]
+            waiting = _created(manager, H2, Y, 600_000)  # X's room is not spillable
+            assert waiting.sent == []
+            manager.client_gone(H1, set())  # X's creator left without writing it
+            assert waiting.sent == [m.ObjectCreated(7)]
+            late = _created(manager, H3, X, 600_000)
+            await asyncio.sleep(0.2)
+            (answer,) = late.sent
+            assert isinstance(answer, m.ObjectCreated) and not answer.out_of_disk
+            assert "has no room for 600000 bytes" in answer.error and "0.05 s" in answer.error
+            too_big = _created(manager, H3, X, 2 << 20)
+            (answer,) = too_big.sent
+            assert "does not fit in the object store" in answer.error
+            assert manager.creating == []
+        finally:
+            manager.shutdown(None)
 
     asyncio.run(scenario())

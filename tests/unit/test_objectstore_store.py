@@ -392,3 +392,31 @@ def test_a_release_that_overtakes_its_seal_is_not_undone_by_it() -> None:
     assert store.collect() == [Delete(C, spilled=False)]
     store.seal(C, 10, CLIENT)  # (sealed again: a retried task's result)
     assert store.collect() == []
+
+
+def test_room_reserved_for_a_creation_is_counted_once_and_given_back_if_unsealed() -> None:
+    store = StoreCore(capacity=300)
+    store.seal(A, 100, CLIENT)
+    assert store.make_room(250) == [Spill(A, 100)]  # LRU spilled before the new object
+    assert store.reserve(B, 250, CLIENT)
+    assert not store.reserve(C, 100, OTHER)  # 250 reserved + 100 > 300, nothing to spill
+    assert store.stats()["used_bytes"] == 250
+    store.seal(B, 240, CLIENT)  # its reservation becomes the object (a little smaller)
+    assert store.stats()["used_bytes"] == 240
+    assert store.reserve(C, 50, OTHER)
+    store.unreserve(OTHER)  # its creator left before writing it
+    assert store.stats()["used_bytes"] == 240
+    assert store.reserve(B, 250, OTHER)  # B exists already: a retried task's return
+    assert store.stats()["used_bytes"] == 240
+
+
+def test_an_object_whose_spill_failed_stays_sealed_and_counted() -> None:
+    store = StoreCore(capacity=200)
+    store.seal(A, 100, CLIENT)
+    store.seal(B, 100, CLIENT)
+    assert store.make_room(100) == [Spill(A, 100)]
+    store.spill_failed(A)  # the shell could not write it to disk
+    assert store.state(A) == SEALED and store.stats()["used_bytes"] == 200
+    assert not store.reserve(C, 100, CLIENT)
+    assert store.make_room(100) == [Spill(B, 100)]  # A was just put back: spilled last
+    assert store.wait(A, 1) == [NotifyReady(A, (1,))]

@@ -4,6 +4,7 @@ and a node manager.
     client --RequestLease--> node manager --LeaseGranted | LeaseSpillback | LeaseFailed |
                                             LeaseInfeasible
     client --ReturnLease / CancelLeaseRequest / WorkerBlocked / WorkerUnblocked-->
+    client --CreateObject--> <--ObjectCreated (room for it, spilling others; or why not)
     client --SealObject / AddHolds / ReleaseHolds / ReleaseHolder / FenceHolds-->
            <--HoldsFenced
     client --WaitObject--> <--ObjectAvailable      client --StoreStats--> <--StoreStatsReply
@@ -65,6 +66,19 @@ class WorkerBlocked(Msg, tag=25):
 
 class WorkerUnblocked(Msg, tag=26):
     pass
+
+
+class CreateObject(Msg, tag=45):
+    """Room in the store for an object about to be written into shared memory."""
+    req_id: int
+    object_id: bytes
+    size: int
+
+
+class ObjectCreated(Msg, tag=46):
+    req_id: int
+    error: str = ""  # no room: why (the store is full, or spilling to disk failed)
+    out_of_disk: bool = False  # the error: spilling to disk failed
 
 
 class SealObject(Msg, tag=30):
@@ -163,7 +177,8 @@ class ActorReady(Msg, tag=43):
 
 Message = (
     RequestLease | LeaseGranted | LeaseSpillback | LeaseFailed | ReturnLease |
-    CancelLeaseRequest | LeaseInfeasible | WorkerBlocked | WorkerUnblocked | SealObject |
+    CancelLeaseRequest | LeaseInfeasible | WorkerBlocked | WorkerUnblocked | CreateObject |
+    ObjectCreated | SealObject |
     AddHolds | ReleaseHolds | ReleaseHolder | WaitObject | ObjectAvailable | CancelTask |
     StoreStats | StoreStatsReply | FenceHolds | HoldsFenced | CancelRunning |
     WorkerListening | WorkerOutput | BecomeActor | ActorReady
