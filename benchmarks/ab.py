@@ -17,8 +17,9 @@ put first on ``PYTHONPATH`` and which is the working directory of its driver, so
 cluster's daemons and workers run its code too (compile it first:
 ``python -m compileall``).
 
-Rows: ``task|actor sync N`` (median us of N calls, one at a time) and
-``task|actor burst N`` (calls per second, N submitted 1,000 at a time).
+Rows: ``task|actor sync N`` (median us of N calls, one at a time),
+``task|actor burst N`` (calls per second, N submitted 1,000 at a time) and ``put sync
+N`` (median us of N ``get(put(...))`` of 1 MiB, which lives in shared memory).
 """
 
 from __future__ import annotations
@@ -51,7 +52,9 @@ def serve() -> None:
     actor = Actor.remote()
     rtml.get([noop.remote() for _ in range(2000)])
     rtml.get([actor.noop.remote() for _ in range(2000)])
-    submit = {"task": noop.remote, "actor": actor.noop.remote}
+    mebibyte = bytes(1 << 20)  # a put of it goes into shared memory
+    submit = {"task": noop.remote, "actor": actor.noop.remote,
+              "put": lambda: rtml.put(mebibyte)}
     print("ready", flush=True)
     for line in sys.stdin:
         kind, mode, count = line.split()

@@ -290,10 +290,14 @@ class TaskOwner:
                 [(object_id, serialize(StoredError(lost)).to_payload(is_error=True))])
             return
         del self.lineage[task_id]
-        for return_id in record.return_ids:
-            if entries.get(return_id) is IN_STORE:
-                rt.store.pop(return_id)
-                rt.refs.locations.pop(return_id, None)
+        locations = rt.refs.locations
+        returns = [rid for rid in record.return_ids if entries.get(rid) is IN_STORE]
+        alive = [rid for rid in returns if locations.get(rid) not in rt.dead_nodes]
+        if alive:  # the run makes them again elsewhere: these copies are let go
+            rt.refs.send_holds(m.ReleaseHolds, alive, rt.client_id)
+        for return_id in returns:
+            rt.store.pop(return_id)
+            locations.pop(return_id, None)
         record.spec.attempt += 1
         record.keep_alive = keep
         record.done = False
@@ -350,7 +354,9 @@ class TaskOwner:
         if index < 0:
             return False  # borrowed: its owner rebuilds it, not us
         rt = self.rt
-        self.rebuild([lost], str(error))
+        where = rt.refs.location_of(lost)
+        if record.spec.args[index].node_id in (where, b"") or where in rt.dead_nodes:
+            self.rebuild([lost], str(error))  # (else the task looked where it no longer is)
         with rt.lock:
             entry = rt.store.entries.get(lost)
             if entry is None and not self.making(lost):

@@ -295,7 +295,8 @@ class ClientRuntime:
         elif isinstance(msg, m.LeaseSpillback):
             self.submitter.on_spillback(msg)
         elif isinstance(msg, m.NodeDied):
-            self._node_died(msg.node_id, msg.reason, msg.kept)
+            if conn is self.nm:  # (other nodes' managers tell us too: only ours knows
+                self._node_died(msg.node_id, msg.reason, msg.kept)  # which copies it kept)
         elif isinstance(msg, (m.ObjectAvailable, m.ObjectCreated, m.StoreStatsReply,
                               m.HoldsFenced)):
             self._deliver_reply(msg.req_id, msg)

@@ -521,6 +521,8 @@ class ObjectManager:
 
     def _pulled(self, object_id: bytes, node_id: bytes, future: asyncio.Future[int]) -> None:
         if self.pulls.get(object_id) != node_id:
+            if not future.cancelled():
+                future.exception()  # (retrieved: its failure was expected)
             return  # the source died meanwhile; the waiters were told
         del self.pulls[object_id]
         owner, asks = self.owners.pop(object_id, (b"", 0))

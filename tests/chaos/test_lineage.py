@@ -177,3 +177,61 @@ def test_a_task_that_reads_a_lost_argument_runs_again_once_it_is_rebuilt(
     expected = np.random.default_rng(11).random(PART)
     assert np.array_equal(rtml.get(queued, timeout=60), expected)
     assert (_runs(tmp_path, "part11"), _runs(tmp_path, "scaled1.0")) == (2, 1)
+
+
+@pytest.fixture
+def three_nodes(monkeypatch: pytest.MonkeyPatch
+                ) -> Iterator[tuple[Cluster, ClusterNode, ClusterNode]]:
+    """A head with no CPU (the driver's node), node2 and node3 (1 CPU each)."""
+    if rtml.is_initialized():
+        rtml.shutdown()
+    monkeypatch.setenv("RTML_NODE_TIMEOUT_S", "1.5")
+    cluster = Cluster(head_node_args={"num_cpus": 0})
+    node2 = cluster.add_node(num_cpus=1)
+    node3 = cluster.add_node(num_cpus=1)
+    cluster.connect()
+    yield cluster, node2, node3
+    cluster.shutdown()
+
+
+@rtml.remote(num_returns=2)
+def two_parts(seed: int, runs: Path) -> tuple[np.ndarray, np.ndarray]:
+    _count(runs, f"two{seed}")
+    return np.random.default_rng(seed).random(PART), np.random.default_rng(seed + 1).random(PART)
+
+
+def _segments(node: ClusterNode) -> list[Path]:
+    return list(Path("/dev/shm").glob(f"rtml-{node.node_id[:12]}-*"))
+
+
+def test_a_task_queued_with_a_kept_argument_reads_the_copy_and_nothing_runs_again(
+        three_nodes: tuple[Cluster, ClusterNode, ClusterNode], tmp_path: Path) -> None:
+    cluster, node2, node3 = three_nodes
+    ref = part.options(scheduling_strategy=_on(node2), max_retries=0).remote(4, tmp_path)
+    expected = rtml.get(ref, timeout=60).copy()  # a copy on the driver's node
+    busy = nap.options(scheduling_strategy=_on(node3)).remote(2.0)
+    time.sleep(0.5)
+    queued = scaled.options(scheduling_strategy=_on(node3)).remote(ref, 1.0, tmp_path)
+    cluster.remove_node(node2, allow_graceful=False)  # the queued task still names node2
+    rtml.get(busy, timeout=30)
+    assert np.array_equal(rtml.get(queued, timeout=60), expected)
+    assert np.array_equal(rtml.get(ref, timeout=30), expected)
+    assert _runs(tmp_path, "part4") == 1
+
+
+def test_a_return_kept_as_a_copy_is_let_go_when_its_task_runs_again(
+        three_nodes: tuple[Cluster, ClusterNode, ClusterNode], tmp_path: Path) -> None:
+    cluster, node2, _ = three_nodes
+    assert cluster.head_node is not None
+    first, second = two_parts.options(scheduling_strategy=_on(node2)).remote(8, tmp_path)
+    rtml.get(first, timeout=60)  # a copy of the first on the driver's node; not the second
+    _made_everywhere([second])
+    cluster.remove_node(node2, allow_graceful=False)
+    values = rtml.get([first, second], timeout=60)  # the task ran again, on node3
+    assert np.array_equal(values[1], np.random.default_rng(9).random(PART))
+    assert _runs(tmp_path, "two8") == 2
+    del values, first, second
+    deadline = time.monotonic() + 10
+    while _segments(cluster.head_node):  # the copy kept there is freed with its refs
+        assert time.monotonic() < deadline, _segments(cluster.head_node)
+        time.sleep(0.1)

@@ -259,8 +259,9 @@ def test_accounting_and_no_held_object_is_deleted(ops: list[tuple]) -> None:
     store = StoreCore(capacity=250)
     holders: dict[bytes, set[bytes]] = {}  # model: object -> holders
     sizes: dict[bytes, int] = {}
+    early: set[tuple[bytes, bytes]] = set()  # released before the seal naming the holder
     for op in ops:
-        commands = _apply(store, op, holders, sizes)
+        commands = _apply(store, op, holders, sizes, early)
         for command in commands:
             if isinstance(command, Delete):
                 assert not holders.get(command.object_id), "deleted an object with holders"
@@ -274,20 +275,27 @@ def test_accounting_and_no_held_object_is_deleted(ops: list[tuple]) -> None:
 
 
 def _apply(
-    store: StoreCore, op: tuple, holders: dict[bytes, set[bytes]], sizes: dict[bytes, int]
+    store: StoreCore, op: tuple, holders: dict[bytes, set[bytes]], sizes: dict[bytes, int],
+    early: set[tuple[bytes, bytes]],
 ) -> list:
     kind = op[0]
     if kind == "seal":
         _, oid, size, client = op
-        holders.setdefault(oid, set()).add(client)
+        if (oid, client) in early:  # its holder let go of it before the seal came
+            early.discard((oid, client))
+        else:
+            holders.setdefault(oid, set()).add(client)
         sizes.setdefault(oid, size)
         return store.seal(oid, size, client)
     if kind == "add":
         for oid in op[1]:
             holders.setdefault(oid, set()).add(op[2])
+            early.discard((oid, op[2]))
         return store.add_holds(op[1], op[2])
     if kind == "release":
         for oid in op[1]:
+            if op[2] not in holders.get(oid, set()) and oid not in sizes:
+                early.add((oid, op[2]))
             holders.get(oid, set()).discard(op[2])
         return store.release_holds(op[1], op[2])
     if kind == "release_holder":
