@@ -419,18 +419,38 @@ class ClientRuntime:
                 self.store.has_contained[container_id] = b""
 
     def write_shared(self, object_id: bytes, ser: Serialized, holder: bytes) -> int:
-        """Write a value into this node's shared-memory store on behalf of ``holder``, once
-        the node manager has made room for it. Raises ObjectStoreFullError (OutOfDiskError
-        if spilling failed) when it cannot."""
-        answer = self.request(self.nm, lambda req_id: m.CreateObject(req_id, object_id, ser.size),
-                              STORE_FULL_TIMEOUT + 30)
-        if answer.error:
-            raise (OutOfDiskError if answer.out_of_disk else ObjectStoreFullError)(answer.error)
+        """Write a value into this node's shared-memory store on behalf of ``holder``, and
+        seal it once the node manager has made room for it (asked first, answered while
+        the value is written). Raises ObjectStoreFullError (OutOfDiskError if spilling
+        failed) when it cannot, and leaves nothing behind then."""
+        if self.nm.closed:
+            raise self.nm_gone()
+        done = Flag()
+        box: list[m.ObjectCreated | RtmlSystemError] = []
+
+        def answered(msg: m.ObjectCreated | RtmlSystemError) -> None:
+            box.append(msg)
+            done.set()
+
+        req_id = self.ask(self.nm, lambda rid: m.CreateObject(rid, object_id, ser.size),
+                          answered)
         path = objectstore.segment_path(self.store_namespace, object_id)
+        written = True
         try:
             size = objectstore.write_segment(path, ser.inband, ser.buffers)
         except FileExistsError:  # an earlier attempt of the same task wrote it
-            size = os.stat(path).st_size
+            size, written = os.stat(path).st_size, False
+        if not self.reactor.wait_serving(done, STORE_FULL_TIMEOUT + 30, spin=True):
+            self.forget_reply(req_id)
+            box.append(RtmlSystemError(f"the node manager at {self.config.nm_address} did "
+                                       f"not answer a request for room in its object store"))
+        answer = box[0]
+        if isinstance(answer, RtmlSystemError) or answer.error:
+            if written:
+                os.unlink(path)
+            if isinstance(answer, RtmlSystemError):
+                raise answer
+            raise (OutOfDiskError if answer.out_of_disk else ObjectStoreFullError)(answer.error)
         self.nm.send(m.SealObject(object_id, size, holder))
         return size
 
