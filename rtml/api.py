@@ -354,8 +354,7 @@ def _handle_from_spec(rt: ClientRuntime, spec: m.ActorSpec) -> ActorHandle:
     cls = rt.functions.get(spec.class_id)
     if cls is None:
         import cloudpickle
-        cls = rt.functions[spec.class_id] = cloudpickle.loads(
-            rt.plane.fetch_function(spec.class_id) or b"")
+        cls = rt.functions[spec.class_id] = cloudpickle.loads(rt.fetch_function(spec.class_id))
     return handle_of(spec, cls)
 
 

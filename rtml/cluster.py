@@ -7,7 +7,9 @@ readiness on a pipe; nobody polls.
 The head service is kept running by a ``HeadSupervisor``: a thread of the driver for an
 embedded cluster, the ``rtml.head.supervisor`` daemon for ``rtml start --head``. It holds
 the head's listening socket, so a head started again listens where the last one did,
-and connections made in between wait in the socket's backlog.
+and connections made in between wait in the socket's backlog. Redis is kept running
+by a ``RedisKeeper`` in the same place: started again on its port, from its
+append-only file, while everyone's writes wait for it.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from rtml.exceptions import ProtocolError, RtmlSystemError
 from rtml.ids import random_id
 from rtml.rpc import messages as m
 from rtml.rpc.client import make_hello, request
-from rtml.session import Session
+from rtml.session import Session, process_start_time
 
 log = logging.getLogger(__name__)
 
@@ -51,21 +53,28 @@ class StartedNode:
     redis: RedisProcess | None = None
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     supervisor: HeadSupervisor | None = None  # an embedded head's (a thread of ours)
+    keeper: RedisKeeper | None = None  # an embedded head's Redis keeper (a thread of ours)
 
     def pids(self) -> list[int]:
         pids = [p.pid for p in self.procs]
         if self.supervisor is not None and self.supervisor.proc is not None:
             pids.append(self.supervisor.proc.pid)
-        if self.redis is not None:
+        if self.keeper is not None:
+            pids.append(self.keeper.pid)
+        elif self.redis is not None:
             pids.append(self.redis.proc.pid)
         return pids
 
     def stop(self) -> None:
         """Stop the node manager first (it reaps workers), then the head, then Redis."""
+        if self.keeper is not None:
+            self.keeper.stopping.set()  # (Redis stopped below is not started again)
         for proc in reversed(self.procs):
             _terminate(proc)
         if self.supervisor is not None:
             self.supervisor.stop()
+        if self.keeper is not None:
+            self.keeper.stop()
         if self.redis is not None:
             self.redis.stop()
 
@@ -189,6 +198,80 @@ class HeadSupervisor:
         self.listener.close()
 
 
+class RedisKeeper:
+    """Starts Redis again each time it exits unasked: on the same address and port, from
+    its append-only file (what it had acknowledged is there). Meanwhile everyone's writes
+    wait for it (the head's, the node managers', the owners' lineage). Gives up when it
+    keeps dying (RESTART_BURST deaths within RESTART_WINDOW s)."""
+
+    def __init__(self, session: Session, host: str, port: int, password: str, pid: int,
+                 proc: subprocess.Popen[bytes] | None = None) -> None:
+        self.session = session
+        self.host, self.port, self.password = host, port, password
+        self.pid = pid  # the Redis watched now
+        self.proc = proc  # ... when it is our child (reaped once it exits)
+        self.started: RedisProcess | None = None  # the last one started here
+        self.stopping = threading.Event()
+        self._deaths: deque[float] = deque(maxlen=RESTART_BURST)
+
+    def watch_in_thread(self) -> None:
+        threading.Thread(target=self.watch, name="rtml-redis-keeper", daemon=True).start()
+
+    def watch(self) -> None:
+        """Block until stop(), starting Redis again whenever it exits (started from this
+        thread: a Redis dies with the thread that started it)."""
+        while self._exited():
+            now = time.monotonic()
+            self._deaths.append(now)
+            if len(self._deaths) == RESTART_BURST and now - self._deaths[0] < RESTART_WINDOW:
+                log.error("Redis died %d times within %g s; not starting it again (see %s)",
+                          RESTART_BURST, RESTART_WINDOW, self.session.redis / "redis.log")
+                return
+            log.warning("Redis (pid %d) exited; starting it again on %s:%d", self.pid,
+                        self.host, self.port)
+            try:
+                self.started = start_redis(port=self.port, password=self.password,
+                                           data_dir=str(self.session.redis), bind=self.host)
+            except RtmlSystemError as exc:
+                log.error("Redis did not start again: %s", exc)
+                self.stopping.wait(1.0)  # and try again (its port may be held a moment)
+                continue
+            self.pid, self.proc = self.started.proc.pid, self.started.proc
+            self._record()
+
+    def _exited(self) -> bool:
+        """Block until the watched Redis exits (True) or stop() is called (False)."""
+        try:
+            fd = os.pidfd_open(self.pid)
+        except ProcessLookupError:
+            return not self.stopping.is_set()
+        try:
+            while not self.stopping.is_set():
+                if select.select([fd], [], [], 0.5)[0]:
+                    if self.proc is not None:
+                        self.proc.wait()
+                    return not self.stopping.is_set()
+            return False
+        finally:
+            os.close(fd)
+
+    def _record(self) -> None:
+        """A daemon head's session record names the Redis running now (for rtml stop)."""
+        record = self.session.read_record()
+        if record is None:
+            return
+        for process in record.get("processes", []):
+            if process.get("name") == "redis":
+                process.update(pid=self.pid, start_time=process_start_time(self.pid))
+        record["pids"] = [p["pid"] for p in record.get("processes", [])]
+        self.session.write_record(record)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self.started is not None:
+            self.started.stop()
+
+
 def start_head_node(session: Session, token: str, node: NodeConfig, *, port: int = 0,
                     die_with_parent: bool, own_group: bool = False,
                     node_timeout: float | None = None) -> StartedNode:
@@ -212,7 +295,8 @@ def start_head_node(session: Session, token: str, node: NodeConfig, *, port: int
     started = StartedNode(session, f"{host}:{listener.getsockname()[1]}", "", "", redis)
     try:
         head_cfg = HeadConfig(str(session.root), token, redis.host, redis.port, host,
-                              listener.getsockname()[1], listen_fd=listener.fileno())
+                              listener.getsockname()[1], listen_fd=listener.fileno(),
+                              redis_pid=0 if die_with_parent else redis.proc.pid)
         if node_timeout is not None:
             head_cfg = HeadConfig(**{**head_cfg.__dict__, "node_timeout": node_timeout})
         if die_with_parent:
@@ -235,6 +319,9 @@ def start_head_node(session: Session, token: str, node: NodeConfig, *, port: int
         raise
     if started.supervisor is not None:
         started.supervisor.watch_in_thread()
+        started.keeper = RedisKeeper(session, redis.host, redis.port, token, redis.proc.pid,
+                                     redis.proc)
+        started.keeper.watch_in_thread()
     return started
 
 
@@ -249,14 +336,15 @@ def _launch_supervisor(session: Session, cfg: HeadConfig,
 
 
 def take_over_head(session: Session, token: str, head_address: str, redis_host: str,
-                   redis_port: int) -> subprocess.Popen[bytes]:
+                   redis_port: int, redis_pid: int) -> subprocess.Popen[bytes]:
     """Start a head supervisor (and head) for a head node whose supervisor died while its
-    Redis lives on: on the recorded address, taking over from what Redis recorded (the
-    node managers rejoin it). Returns the supervisor's process."""
+    Redis (``redis_pid``, which the new supervisor keeps running) lives on: on the
+    recorded address, taking over from what Redis recorded (the node managers rejoin
+    it). Returns the supervisor's process."""
     host, _, port = head_address.rpartition(":")
     listener = _bind(host, int(port))
     cfg = HeadConfig(str(session.root), token, redis_host, redis_port, host, int(port),
-                     listen_fd=listener.fileno())
+                     listen_fd=listener.fileno(), redis_pid=redis_pid)
     launched = _launch_supervisor(session, cfg, listener)
     await_ready(launched, session)
     return launched.proc

@@ -97,6 +97,7 @@ class HeadConfig:
     listen_fd: int = -1  # a socket bound by the parent (so its address is known early)
     node_timeout: float = field(default_factory=lambda: float(
         os.environ.get("RTML_NODE_TIMEOUT_S", DEFAULT_NODE_TIMEOUT)))
+    redis_pid: int = 0  # the Redis the head supervisor keeps running (0: none of ours)
 
     def to_json(self) -> str:
         """The config without its token (which travels in ``TOKEN_ENV``)."""

@@ -90,6 +90,16 @@ class Session:
         return self.logs / f"{name}.log"
 
 
+def process_start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (Linux), recorded beside its pid
+    in ``session.json`` to tell a reused pid apart; None if it is not known."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
 def new_token() -> str:
     return secrets.token_hex(16)
 

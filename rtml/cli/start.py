@@ -33,7 +33,7 @@ from rtml.daemon import pid_alive
 from rtml.exceptions import ProtocolError, RtmlSystemError
 from rtml.ids import random_id
 from rtml.rpc.client import FramedClient, make_hello
-from rtml.session import Session, default_session_dir, new_token
+from rtml.session import Session, default_session_dir, new_token, process_start_time
 
 STOP_TIMEOUT = 5.0
 HELLO_TIMEOUT = 5.0
@@ -98,10 +98,11 @@ def _take_over_head(session: Session) -> bool:
         return False
     try:
         proc = cluster.take_over_head(session, token, record["head_address"],
-                                      record["redis_host"], int(record["redis_port"]))
+                                      record["redis_host"], int(record["redis_port"]),
+                                      int(redis["pid"]))
     except RtmlSystemError as exc:
         raise CliError(f"could not start the head again in {session.root}: {exc}") from None
-    supervisor.update(pid=proc.pid, start_time=_start_time(proc.pid))
+    supervisor.update(pid=proc.pid, start_time=process_start_time(proc.pid))
     record["pids"] = [p["pid"] for p in record["processes"]]
     session.write_record(record)
     print(f"Started the head service again in session {session.root}, taking over from "
@@ -184,7 +185,7 @@ def _write_record(started: cluster.StartedNode, role: str, redis_host: str,
         "role": role, "head_address": started.head_address, "nm_address": started.nm_address,
         "node_id": started.node_id, "redis_host": redis_host, "redis_port": redis_port,
         "pids": [pid for pid, _ in procs],
-        "processes": [{"pid": pid, "name": name, "start_time": _start_time(pid)}
+        "processes": [{"pid": pid, "name": name, "start_time": process_start_time(pid)}
                       for pid, name in procs],
     })
 
@@ -287,15 +288,6 @@ def _wait_gone(pid: int, timeout: float) -> bool:
             return True
         time.sleep(0.02)
     return not _alive({"pid": pid})
-
-
-def _start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (Linux), to detect pid reuse."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
 
 
 def _alive(proc: dict[str, Any]) -> bool:

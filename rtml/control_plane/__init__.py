@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from rtml.control_plane.keys import Keys
 from rtml.control_plane.redis_server import RedisProcess, find_redis_server, start_redis
-from rtml.control_plane.tables import RAN, SUBMITTED, ControlPlane, location_field
+from rtml.control_plane.tables import RAN, SUBMITTED, ControlPlane, location_field, unreachable
 from rtml.control_plane.writer import BatchedWriter
 
 __all__ = [
@@ -24,4 +24,5 @@ __all__ = [
     "RedisProcess",
     "find_redis_server",
     "start_redis",
+    "unreachable",
 ]

@@ -156,6 +156,12 @@ def _guarded(method: Callable[P, R], idempotent: bool) -> Callable[P, R]:
     return wrapper
 
 
+def unreachable(exc: BaseException) -> bool:
+    """Whether a ControlPlane error says Redis could not be reached (it may be back soon:
+    restarted by the head's supervisor), rather than that it refused the request."""
+    return isinstance(exc.__cause__, RespConnectionError)
+
+
 def _redis_errors(method: Callable[P, R]) -> Callable[P, R]:
     """An idempotent ControlPlane operation: connection errors retried, then RtmlSystemError."""
     return _guarded(method, idempotent=True)

@@ -37,7 +37,7 @@ from typing import Any
 
 from rtml import objectstore
 from rtml.config import INLINE_MAX, STORE_FULL_TIMEOUT, default_head_timeout
-from rtml.control_plane import BatchedWriter, ControlPlane
+from rtml.control_plane import BatchedWriter, ControlPlane, unreachable
 from rtml.core import object_ref
 from rtml.core.head_link import HeadLink
 from rtml.core.memory_store import IN_STORE, Entry, MemoryStore, StoredError
@@ -52,6 +52,7 @@ from rtml.exceptions import (
     ObjectStoreFullError,
     OutOfDiskError,
     OwnerDiedError,
+    RtmlError,
     RtmlSystemError,
     TaskError,
 )
@@ -802,9 +803,38 @@ class ClientRuntime:
     # -- tasks -------------------------------------------------------------------------------
 
     def export_function(self, function_id: bytes, blob: bytes) -> None:
+        """Store a function for the workers to load; while Redis is away it waits in the
+        writer, and workers wait for it (:meth:`fetch_function`)."""
         if function_id not in self._exported:
-            self.plane.export_function(function_id, blob)
+            try:
+                self.plane.export_function(function_id, blob)
+            except RtmlSystemError as exc:
+                if not unreachable(exc):
+                    raise
+                self.writer.submit_function(function_id, blob)
             self._exported.add(function_id)
+
+    def fetch_function(self, function_id: bytes) -> bytes:
+        """A function exported by some owner, waiting up to the head timeout for it while
+        Redis is away (or while the owner's export waits for Redis to be back). Raises
+        RtmlError if it never comes."""
+        deadline = time.monotonic() + self.config.head_timeout
+        delay = 0.05
+        while True:
+            try:
+                blob = self.plane.fetch_function(function_id)
+                why = "it is not in the control plane"
+            except RtmlSystemError as exc:
+                if not unreachable(exc):
+                    raise
+                blob, why = None, str(exc)
+            if blob is not None:
+                return blob
+            if time.monotonic() + delay > deadline:
+                raise RtmlError(f"function {function_id.hex()} could not be loaded within "
+                                f"{self.config.head_timeout:g} s: {why}")
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
     def task_error(self, name: str, exc: BaseException) -> TaskError:
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))

@@ -4,8 +4,9 @@ CONFIG_JSON READY_FD``.
     rtml start --head --config, the bound listening socket--> main()
         HeadSupervisor (rtml.cluster) starts the head service (which dies with us) and
         starts it again whenever it exits unasked, on the same socket
+        RedisKeeper (rtml.cluster) starts the session's Redis again whenever it exits
         --"ok host:port" once the first head is ready--> readiness pipe
-    SIGTERM / SIGINT --> the head is stopped, then we exit
+    SIGTERM / SIGINT --> the head (and a Redis started here) is stopped, then we exit
 
 An embedded cluster runs the same supervisor as a thread of its driver.
 """
@@ -18,7 +19,7 @@ import sys
 import threading
 from pathlib import Path
 
-from rtml.cluster import HeadSupervisor, await_ready
+from rtml.cluster import HeadSupervisor, RedisKeeper, await_ready
 from rtml.config import HeadConfig
 from rtml.daemon import ReadyPipe, setup_logging
 from rtml.exceptions import RtmlSystemError
@@ -41,6 +42,10 @@ def main(argv: list[str]) -> int:
         supervisor.stop()
         return 1
     ready.report(f"ok {address}")
+    keeper = None
+    if cfg.redis_pid:
+        keeper = RedisKeeper(session, cfg.redis_host, cfg.redis_port, cfg.token, cfg.redis_pid)
+        keeper.watch_in_thread()
 
     def watch() -> None:
         supervisor.watch()
@@ -48,6 +53,8 @@ def main(argv: list[str]) -> int:
 
     threading.Thread(target=watch, name="rtml-head-watch", daemon=True).start()
     supervisor.stopping.wait()
+    if keeper is not None:
+        keeper.stop()
     supervisor.stop()
     return 0
 

@@ -10,8 +10,11 @@
     close(timeout)            later writes are dropped; the queues get up to timeout s
 
 A slow or absent Redis then delays the records, never a heartbeat's handling or a
-placement; a failed write is logged and the head goes on. The threads are daemons: a
-write stuck on a hung Redis cannot hold the head's exit past ``close``'s deadline.
+placement. A write that finds Redis away (it died; the supervisor starts it again) is
+tried again, every RETRY_CAP s at most, before the writes queued after it: records
+reach Redis late, in order, and none is lost. Other failures are logged and the head
+goes on. The threads are daemons: a write stuck on a hung Redis cannot hold the head's
+exit past ``close``'s deadline.
 """
 
 from __future__ import annotations
@@ -23,32 +26,58 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
+from rtml.control_plane import unreachable
+
 log = logging.getLogger(__name__)
 
 Job = tuple[Callable[..., Any], tuple[Any, ...]]
 
 
-class _Worker:
-    """One daemon thread running the jobs put on its queue, in order."""
+RETRY_CAP = 1.0
+"""Seconds between attempts of a write that finds Redis away, at most."""
 
-    def __init__(self, name: str) -> None:
+
+class _Worker:
+    """One daemon thread running the jobs put on its queue, in order; a job that finds
+    Redis away is run again until it is back (or ``closing`` is set)."""
+
+    def __init__(self, name: str, closing: threading.Event) -> None:
         self.jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self.closing = closing
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
         while (job := self.jobs.get()) is not None:
-            fn, args = job
+            self._run_job(*job)
+
+    def _run_job(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        name = getattr(fn, "__name__", fn)
+        delay = RETRY_CAP / 8
+        while True:
             try:
                 fn(*args)
-            except Exception:
-                log.exception("control-plane write %s failed", getattr(fn, "__name__", fn))
+                if delay > RETRY_CAP / 8:
+                    log.warning("the control plane is back: writing the records kept")
+                return
+            except Exception as exc:
+                if not unreachable(exc) or self.closing.is_set():
+                    log.exception("control-plane write %s failed", name)
+                    return
+                if delay == RETRY_CAP / 8:
+                    log.warning("the control plane is away (%s); the head's records wait "
+                                "for it", exc)
+            if self.closing.wait(delay):
+                log.warning("control-plane write %s dropped at shutdown: Redis is away", name)
+                return
+            delay = min(delay * 2, RETRY_CAP)
 
 
 class PlaneWrites:
     def __init__(self) -> None:
-        self._queue = _Worker("rtml-head-plane")
-        self._aside = _Worker("rtml-head-scans")
+        self._closing = threading.Event()
+        self._queue = _Worker("rtml-head-plane", self._closing)
+        self._aside = _Worker("rtml-head-scans", self._closing)
         self._lock = threading.Lock()
         self._latest: dict[Hashable, Job] = {}
         self._closed = False
@@ -76,6 +105,9 @@ class PlaneWrites:
         with self._lock:
             self._closed = True
         deadline = time.monotonic() + timeout
+        give_up = threading.Timer(timeout / 2, self._closing.set)  # then stop waiting for Redis
+        give_up.daemon = True
+        give_up.start()
         finished = True
         for worker in (self._queue, self._aside):
             worker.jobs.put(None)

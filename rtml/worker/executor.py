@@ -231,9 +231,7 @@ class Executor:
         """The exported function or class ``function_id``, fetched once and cached."""
         function = self.rt.functions.get(function_id)
         if function is None:
-            blob = self.rt.plane.fetch_function(function_id)
-            if blob is None:
-                raise RtmlError(f"function {function_id.hex()} is not in the control plane")
+            blob = self.rt.fetch_function(function_id)
             function = self.rt.functions[function_id] = cloudpickle.loads(blob)
         return function
 

@@ -1,0 +1,149 @@
+"""Redis that dies is started again on its port from its append-only file, and nothing
+is lost meanwhile (issue 16, item 2): lineage, actor records and job ends wait for it;
+a function exported during the outage reaches the workers; actors created, restarted or
+ended during it are. Embedded (the driver's keeper thread restarts Redis; the outage is
+stretched to 3 s by delaying the restart) and under ``rtml start --head`` (the
+supervisor daemon restarts it; ``rtml stop`` stops the new one)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+import pytest
+import test_cli
+from test_cli import Head
+
+import rtml
+from rtml import api, cluster
+from rtml.core import context
+
+OUTAGE = 3.0
+
+head = test_cli.head  # the fixture: a CLI-started head in a fresh session dir
+
+
+@pytest.fixture
+def slow_restart(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
+    """An embedded cluster whose Redis, once killed, is started again OUTAGE s later;
+    the event is set once it is back."""
+    if rtml.is_initialized():
+        rtml.shutdown()
+    back = threading.Event()
+    start = cluster.start_redis
+
+    def late_start(**kwargs: Any) -> Any:
+        time.sleep(OUTAGE)
+        redis = start(**kwargs)
+        back.set()
+        return redis
+
+    rtml.init(num_cpus=2)
+    monkeypatch.setattr(cluster, "start_redis", late_start)
+    try:
+        yield back
+    finally:
+        rtml.shutdown()
+
+
+@rtml.remote
+def square(x: int) -> int:
+    return x * x
+
+
+@rtml.remote(max_restarts=1)
+class Counter:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def add(self) -> int:
+        self.n += 1
+        return self.n
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def _kill_redis() -> int:
+    started = api._embedded
+    assert started is not None and started.keeper is not None
+    pid = started.keeper.pid
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def test_work_goes_on_through_a_redis_outage_and_nothing_is_lost(
+        slow_restart: threading.Event) -> None:
+    runtime = context.require_runtime()
+    restarted = Counter.remote()
+    first_pid = rtml.get(restarted.pid.remote())
+    before = rtml.get([square.remote(i) for i in range(100)])
+    killed = _kill_redis()
+    start = time.monotonic()
+
+    @rtml.remote
+    def cube(x: int) -> int:  # exported while Redis is away: the workers still load it
+        return x ** 3
+
+    refs = [square.remote(i) for i in range(2000)]
+    cubes = cube.remote(3)
+    named = Counter.options(name="made-in-the-outage").remote()
+    os.kill(first_pid, signal.SIGKILL)  # an actor restarts while Redis is away
+    assert rtml.get(refs, timeout=60) == [i * i for i in range(2000)]
+    assert not slow_restart.is_set()  # tasks ran on while Redis was away
+    assert time.monotonic() - start < OUTAGE
+    # A fresh worker (the new function's, the actors') loads its code once Redis is back.
+    assert rtml.get(cubes, timeout=60) == 27
+    assert rtml.get(named.add.remote(), timeout=60) == 1
+    assert rtml.get(restarted.add.remote(), timeout=60) == 1  # a fresh instance
+    assert before == [i * i for i in range(100)]
+    assert slow_restart.wait(30)
+    assert api._embedded is not None and api._embedded.keeper is not None
+    assert api._embedded.keeper.pid != killed
+    deadline = time.monotonic() + 30
+    while True:  # the records kept meanwhile reach Redis
+        runtime.writer.flush()
+        tasks = runtime.plane.list_tasks()
+        actors = {a["name"]: a for a in runtime.plane.list_actors() if a.get("name")}
+        if len(tasks) >= 2101 + 3 and "made-in-the-outage" in actors:
+            break
+        assert time.monotonic() < deadline, (len(tasks), sorted(actors))
+        time.sleep(0.2)
+    assert sum(t["status"] == "FINISHED" for t in tasks) >= 2101
+    assert actors["made-in-the-outage"]["state"] == "ALIVE"
+    assert rtml.get(rtml.get_actor("made-in-the-outage").add.remote(), timeout=30) == 2
+
+
+def test_the_supervisor_daemon_starts_redis_again_and_rtml_stop_stops_it(
+        head: Head) -> None:
+    record_file = head.session_dir / "session.json"
+
+    def redis_pid() -> int:
+        record = json.loads(record_file.read_text())
+        (redis,) = [p for p in record["processes"] if p["name"] == "redis"]
+        return int(redis["pid"])
+
+    old = redis_pid()
+    os.kill(old, signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while redis_pid() == old:
+        assert time.monotonic() < deadline, "the supervisor did not start Redis again"
+        time.sleep(0.1)
+    new = psutil.Process(redis_pid())
+    assert "redis-server" in new.name()
+    driver = head.driver("import rtml\nrtml.init(address='auto')\n"
+                         "@rtml.remote\ndef f(x):\n    return x + 1\n"
+                         "print(rtml.get(f.remote(41)))\nrtml.shutdown()\n")
+    out, err = driver.communicate(timeout=60)
+    assert driver.returncode == 0, err
+    assert out.split() == ["42"]
+    stopped = head.cli("stop")
+    assert stopped.returncode == 0, stopped.stderr
+    new.wait(10)
+    assert not new.is_running()
