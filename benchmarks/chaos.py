@@ -13,6 +13,9 @@ process of it for real:
   the head that takes over), time to its first call's result;
 - ``head kill -> nodes()``: ``rtml.nodes()`` right after the kill, time to the answer
   listing the node alive;
+- ``redis kill -> actor``: an actor of a new class created right after Redis is
+  SIGKILLed (the driver's keeper starts Redis again; the actor's worker loads its class
+  from it), time to its first call's result;
 - ``node kill -> 100 MB rebuilt``: two nodes (``rtml.testing.Cluster``); a task made a
   100 MB array on the second, which is SIGKILLed; time from the kill to the ``get`` of
   the array (rebuilt on the head by running the task again), beside the time the task
@@ -133,6 +136,29 @@ def _after_head_kill(action: Callable[[], Any], rounds: int) -> list[float]:
     return times
 
 
+def _after_redis_kill(rounds: int) -> list[float]:
+    times = []
+    for _ in range(rounds):
+        rtml.init(num_cpus=2)
+        try:
+            rtml.get(square.remote(1))
+            started = api._embedded
+            assert started is not None and started.keeper is not None
+            os.kill(started.keeper.pid, signal.SIGKILL)
+            start = time.perf_counter()
+
+            @rtml.remote
+            class Fresh:
+                def ping(self) -> int:
+                    return os.getpid()
+
+            assert rtml.get(Fresh.remote().ping.remote(), timeout=120) > 0
+            times.append((time.perf_counter() - start) * 1000)
+        finally:
+            rtml.shutdown()
+    return times
+
+
 def _check_task() -> None:
     assert rtml.get(square.remote(7), timeout=120) == 49
 
@@ -192,6 +218,12 @@ def main() -> int:
         rows.append(row)
         print(f"| {name} | median {row['median_ms']} ms, max {row['max_ms']} ms "
               f"over {row['rounds']} kills |")
+    times = _after_redis_kill(args.rounds)
+    row = {"name": "redis kill -> actor", "median_ms": round(statistics.median(times), 1),
+           "max_ms": round(max(times), 1), "rounds": len(times)}
+    rows.append(row)
+    print(f"| {row['name']} | median {row['median_ms']} ms, max {row['max_ms']} ms "
+          f"over {row['rounds']} kills |")
     row = node_kill_rebuild(args.rounds)
     rows.append(row)
     print(f"| {row['name']} | median {row['median_ms']} ms, max {row['max_ms']} ms over "

@@ -88,6 +88,6 @@ def test_chaos_reports_right_results_and_real_times(tmp_path: Path) -> None:
     assert kills["name"] == "worker kills" and kills["wrong"] == 0 and kills["kills"] > 0
     assert [r["name"] for r in head_rows] == [
         "head kill -> task", "head kill -> actor", "head kill -> nodes()",
-        "node kill -> 100 MB rebuilt"]
+        "redis kill -> actor", "node kill -> 100 MB rebuilt"]
     assert all(is_real(r["median_ms"]) and r["rounds"] == 1 for r in head_rows)
     assert is_real(head_rows[-1]["first_run_ms"])
