@@ -1,6 +1,6 @@
 """rtml under faults: how long a real kill interrupts work, and whether results stay right.
 
-    python benchmarks/chaos.py [--rounds N] [--json FILE]
+    python benchmarks/chaos.py [--rounds N] [--tasks N] [--json FILE]
 
 Each row starts its own embedded cluster (``rtml.init(num_cpus=2)``) and SIGKILLs a
 process of it for real:
@@ -20,6 +20,10 @@ process of it for real:
   100 MB array on the second, which is SIGKILLed; time from the kill to the ``get`` of
   the array (rebuilt on the head by running the task again), beside the time the task
   took the first time (made there, and read across nodes).
+
+- ``redis memory``: Redis's used memory before and after ``--tasks`` no-op tasks
+  (default 1,000,000) and the head's next trim of the task table (it keeps the newest
+  ``RTML_TASK_RECORDS_KEPT``, default 100,000).
 
 Times are medians over ``--rounds`` kills (one per cluster), in milliseconds.
 """
@@ -159,6 +163,35 @@ def _after_redis_kill(rounds: int) -> list[float]:
     return times
 
 
+@rtml.remote
+def noop() -> None:
+    return None
+
+
+def redis_memory(n_tasks: int) -> dict[str, Any]:
+    from rtml.config import TRIM_INTERVAL
+    from rtml.core import context
+
+    rtml.init(num_cpus=2)
+    try:
+        plane = context.require_runtime().plane
+        rtml.get([noop.remote() for _ in range(1000)])
+        before = plane.memory_used()
+        marks = []
+        for done in range(0, n_tasks, 10_000):
+            rtml.get([noop.remote() for _ in range(min(10_000, n_tasks - done))])
+            if done % (n_tasks // 4 or 1) < 10_000:
+                marks.append(plane.memory_used())
+        context.require_runtime().writer.flush()
+        time.sleep(TRIM_INTERVAL + 1)  # the head's next trim
+        after = plane.memory_used()
+        return {"name": "redis memory", "tasks": n_tasks, "before_mb": round(before / 1e6, 1),
+                "during_mb": [round(x / 1e6, 1) for x in marks],
+                "after_mb": round(after / 1e6, 1)}
+    finally:
+        rtml.shutdown()
+
+
 def _check_task() -> None:
     assert rtml.get(square.remote(7), timeout=120) == 49
 
@@ -202,6 +235,7 @@ def node_kill_rebuild(rounds: int) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--tasks", type=int, default=1_000_000)
     parser.add_argument("--json", default="")
     args = parser.parse_args()
     logging.getLogger("rtml").setLevel(logging.ERROR)  # the kills' warnings are expected
@@ -229,6 +263,11 @@ def main() -> int:
     print(f"| {row['name']} | median {row['median_ms']} ms, max {row['max_ms']} ms over "
           f"{row['rounds']} kills (the task's first run, read across nodes: "
           f"{row['first_run_ms']} ms) |")
+    row = redis_memory(args.tasks)
+    rows.append(row)
+    print(f"| {row['name']} | {row['before_mb']} MB before {row['tasks']:,} tasks, "
+          f"{' / '.join(str(x) for x in row['during_mb'])} MB on the way, "
+          f"{row['after_mb']} MB after the next trim |")
     if args.json:
         with open(args.json, "w") as out:
             json.dump(rows, out, indent=1)

@@ -27,6 +27,12 @@ back (RTML_HEAD_TIMEOUT_S; Ray's gcs_rpc_server_reconnect_timeout_s is 60 too): 
 what needs the head waits, then fails."""
 
 
+DEFAULT_TASK_RECORDS_KEPT = 100_000
+"""Task records the control plane keeps (RTML_TASK_RECORDS_KEPT), the newest; the head
+trims older ones every TRIM_INTERVAL s (Ray keeps about 100,000 task events too)."""
+TRIM_INTERVAL = 5.0
+
+
 def default_head_timeout() -> float:
     return float(os.environ.get("RTML_HEAD_TIMEOUT_S", DEFAULT_HEAD_TIMEOUT))
 
@@ -98,6 +104,8 @@ class HeadConfig:
     node_timeout: float = field(default_factory=lambda: float(
         os.environ.get("RTML_NODE_TIMEOUT_S", DEFAULT_NODE_TIMEOUT)))
     redis_pid: int = 0  # the Redis the head supervisor keeps running (0: none of ours)
+    task_records_kept: int = field(default_factory=lambda: int(
+        os.environ.get("RTML_TASK_RECORDS_KEPT", DEFAULT_TASK_RECORDS_KEPT)))
 
     def to_json(self) -> str:
         """The config without its token (which travels in ``TOKEN_ENV``)."""

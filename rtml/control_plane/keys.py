@@ -7,8 +7,9 @@ Layout, for the default cluster namespace ``rtml``::
     rtml:job:<job_hex>          hash    one job
     rtml:jobs                   set     job ids (hex)
     rtml:function:<fid_hex>     string  pickled function, written once (SET NX)
-    rtml:tasks                  hash    task lineage: <task id>s -> submission,
-                                        <task id>f -> latest outcome (ids as bytes)
+    rtml:tasks                  hash    task records: <batch id> -> a batch of them
+    rtml:task_batches           zset    <batch id><its record count, 4 bytes> by the time
+                                        written: what trimming removes, oldest first
     rtml:object:<oid_hex>       hash    one object (owner, size, locations)
     rtml:objects                set     object ids (hex)
     rtml:actor:<actor_hex>      hash    one actor (spec, state, address, restarts)
@@ -42,6 +43,7 @@ class Keys:
         self.nodes = p + "nodes"
         self.jobs = p + "jobs"
         self.tasks = p + "tasks"
+        self.task_batches = p + "task_batches"
         self.objects = p + "objects"
         self.actors = p + "actors"
         self.events = p + "events"

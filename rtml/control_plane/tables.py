@@ -216,6 +216,15 @@ class ControlPlane:
             return False
 
     @_redis_errors
+    def memory_used(self) -> int:
+        """The bytes Redis uses for its data (INFO memory: used_memory)."""
+        info: bytes = self._client.execute("INFO", "memory")
+        for line in info.decode().splitlines():
+            if line.startswith("used_memory:"):
+                return int(line.split(":", 1)[1])
+        raise RespError("INFO memory has no used_memory line")
+
+    @_redis_errors
     def _ping(self) -> bool:
         return bool(self._client.execute("PING"))
 
@@ -323,7 +332,30 @@ class ControlPlane:
         """
         if records:
             batch_id = batch_id or time.time_ns().to_bytes(8, "big") + os.urandom(8)
-            self._client.execute("HSET", self.keys.tasks, batch_id, _encoder.encode(records))
+            member = batch_id + len(records).to_bytes(4, "big")  # (see trim_task_records)
+            self._client.pipeline([
+                ("HSET", self.keys.tasks, batch_id, _encoder.encode(records)),
+                ("ZADD", self.keys.task_batches, time.time(), member)])
+
+    @_redis_errors
+    def trim_task_records(self, keep: int) -> int:
+        """Remove the oldest batches of task records while ``keep`` records or more are
+        left (whole batches: up to one batch more is kept); returns how many were
+        removed. Nothing rebuilding objects needs lives here: an owner keeps its own
+        lineage."""
+        members: list[bytes] = self._client.execute("ZRANGE", self.keys.task_batches, 0, -1)
+        left = sum(int.from_bytes(m[-4:], "big") for m in members)
+        removed: list[bytes] = []
+        for member in members:
+            left -= int.from_bytes(member[-4:], "big")
+            if left < keep:
+                break
+            removed.append(member)
+        if not removed:
+            return 0
+        self._client.pipeline([("HDEL", self.keys.tasks, *[m[:-4] for m in removed]),
+                               ("ZREM", self.keys.task_batches, *removed)])
+        return sum(int.from_bytes(m[-4:], "big") for m in removed)
 
     @_redis_errors
     def list_tasks(self, filters: dict[str, str] | None = None,

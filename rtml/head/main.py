@@ -19,7 +19,7 @@ import socket
 import sys
 from pathlib import Path
 
-from rtml.config import HEARTBEAT_INTERVAL, HeadConfig
+from rtml.config import HEARTBEAT_INTERVAL, TRIM_INTERVAL, HeadConfig
 from rtml.daemon import (
     ReadyPipe,
     die_with_launcher,
@@ -50,7 +50,7 @@ async def serve(cfg: HeadConfig, ready: ReadyPipe) -> None:
     log.info("head service pid %d serving on %s:%d", os.getpid(), cfg.host, port)
     ready.report(f"ok {cfg.host}:{port}")
     try:
-        await run_until_stopped(head.stopped, _watch_liveness(head))
+        await run_until_stopped(head.stopped, _watch_liveness(head), _trim_tasks(head))
     finally:
         for node in head.nodes.values():
             if node.alive:
@@ -68,6 +68,13 @@ async def _watch_liveness(head: HeadService) -> None:
     while True:
         await asyncio.sleep(HEARTBEAT_INTERVAL)
         head.check_liveness()
+
+
+async def _trim_tasks(head: HeadService) -> None:
+    """Keep the task table bounded (``task_records_kept``), off the loop."""
+    while True:
+        await asyncio.sleep(TRIM_INTERVAL)
+        head.writes.aside(head.plane.trim_task_records, head.cfg.task_records_kept)
 
 
 def main(argv: list[str]) -> int:

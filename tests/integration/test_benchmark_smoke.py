@@ -80,7 +80,8 @@ def test_micro_quick_reports_every_row(tmp_path: Path) -> None:
 def test_chaos_reports_right_results_and_real_times(tmp_path: Path) -> None:
     out = tmp_path / "chaos.json"
     env = {k: v for k, v in os.environ.items() if k != "RTML_ADDRESS"}
-    proc = subprocess.run([sys.executable, str(CHAOS), "--rounds", "1", "--json", str(out)],
+    proc = subprocess.run([sys.executable, str(CHAOS), "--rounds", "1", "--tasks", "20000",
+                           "--json", str(out)],
                           capture_output=True, text=True, timeout=300, cwd=str(REPO_ROOT),
                           env=env)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
@@ -88,6 +89,8 @@ def test_chaos_reports_right_results_and_real_times(tmp_path: Path) -> None:
     assert kills["name"] == "worker kills" and kills["wrong"] == 0 and kills["kills"] > 0
     assert [r["name"] for r in head_rows] == [
         "head kill -> task", "head kill -> actor", "head kill -> nodes()",
-        "redis kill -> actor", "node kill -> 100 MB rebuilt"]
-    assert all(is_real(r["median_ms"]) and r["rounds"] == 1 for r in head_rows)
-    assert is_real(head_rows[-1]["first_run_ms"])
+        "redis kill -> actor", "node kill -> 100 MB rebuilt", "redis memory"]
+    *timed, memory = head_rows
+    assert all(is_real(r["median_ms"]) and r["rounds"] == 1 for r in timed)
+    assert is_real(timed[-1]["first_run_ms"])
+    assert memory["tasks"] == 20000 and 0 < memory["before_mb"] <= memory["during_mb"][-1]

@@ -264,6 +264,43 @@ def test_batched_writer_survives_redis_errors(server: RedisProcess,
     broken.close()
 
 
+def test_trimming_keeps_the_newest_task_records(plane: ControlPlane) -> None:
+    for batch in range(10):
+        plane.write_task_records([{"task_id": (batch * 100 + i).to_bytes(16, "big"),
+                                   "status": "FINISHED"} for i in range(100)])
+    assert plane.trim_task_records(1000) == 0
+    assert plane.trim_task_records(350) == 600  # whole batches, the oldest first
+    kept = {int(t["task_id"], 16) for t in plane.list_tasks()}
+    assert kept == set(range(600, 1000))
+    assert plane.trim_task_records(0) == 400
+    assert plane.list_tasks() == []
+
+
+def test_a_writer_keeps_what_redis_did_not_take_until_it_is_back(
+        tmp_path: Path) -> None:
+    server = start_redis(port=0, password="pw", data_dir=str(tmp_path / "r"))
+    plane = ControlPlane(server.host, server.port, "pw")
+    writer = BatchedWriter(plane, interval=0.02)
+    try:
+        server.stop()  # Redis is away
+        for i in range(300):
+            writer.submit_task({"task_id": i.to_bytes(16, "big"), "status": "FINISHED"})
+        writer.submit_event({"kind": "while away"})
+        writer.submit_function(b"f" * 8, b"pickled")
+        time.sleep(0.3)  # flushes find it away: all kept
+        server = start_redis(port=server.port, password="pw", data_dir=str(tmp_path / "r"))
+        deadline = time.monotonic() + 10
+        while len(plane.list_tasks()) < 300:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert plane.read_events() == [{"kind": "while away"}]
+        assert plane.fetch_function(b"f" * 8) == b"pickled"
+    finally:
+        writer.close()
+        plane.close()
+        server.stop()
+
+
 def test_appendonly_file_is_written(server: RedisProcess, plane: ControlPlane) -> None:
     plane.put_job(b"\x00\x00\x00\x09", {"driver_pid": 1})
     data_dir = Path(server.log_path).parent
