@@ -405,8 +405,8 @@ class NodeManager(Service):
             self.head.send(m.ActorWorkerDied(worker.actor_id, reason))
             return
         self._run(self.sched.worker_died(worker.worker_id, was_starting=not worker.address))
-        if not self.stopped.is_set():
-            live = sum(1 for w in self.workers.values() if not w.actor_id)
+        if not self.stopped.is_set():  # (the scheduler counts those still starting)
+            live = sum(1 for w in self.workers.values() if not w.actor_id and w.address)
             self._run(self.sched.ensure_pool(live))
 
     def _kill_actor(self, actor_id: bytes) -> None:
