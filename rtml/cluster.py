@@ -26,8 +26,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from rtml.config import DIE_WITH_PARENT_ENV, TOKEN_ENV, HeadConfig, NodeConfig
-from rtml.control_plane import RedisProcess, start_redis
+from rtml.config import DIE_WITH_PARENT_ENV, REDIS_PASSWORD_ENV, TOKEN_ENV, HeadConfig, NodeConfig
+from rtml.control_plane import ControlPlane, RedisAddress, RedisProcess, start_redis
 from rtml.exceptions import ProtocolError, RtmlSystemError
 from rtml.ids import random_id
 from rtml.rpc import messages as m
@@ -50,8 +50,9 @@ class StartedNode:
     head_address: str
     nm_address: str
     node_id: str
-    redis: RedisProcess | None = None
+    redis: RedisProcess | None = None  # the Redis started here (none: the user's)
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    redis_address: RedisAddress | None = None  # the head's control plane
     supervisor: HeadSupervisor | None = None  # an embedded head's (a thread of ours)
     keeper: RedisKeeper | None = None  # an embedded head's Redis keeper (a thread of ours)
 
@@ -100,7 +101,7 @@ class Launched:
 
 def launch_daemon(module: str, config_json: str, session: Session, name: str,
                   die_with_parent: bool, token: str, pass_fds: tuple[int, ...] = (),
-                  own_group: bool = False) -> Launched:
+                  own_group: bool = False, redis_password: str = "") -> Launched:
     """Start ``python -m module``; :func:`await_ready` then waits for its readiness line.
 
     A daemon that does not die with its parent gets its own session (and process
@@ -110,6 +111,8 @@ def launch_daemon(module: str, config_json: str, session: Session, name: str,
     env = dict(os.environ)
     env[DIE_WITH_PARENT_ENV] = str(os.getpid()) if die_with_parent else "0"
     env[TOKEN_ENV] = token
+    if redis_password:
+        env[REDIS_PASSWORD_ENV] = redis_password
     with open(session.log_file(f"{name}-out"), "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", module, config_json, str(write_fd)],
                                 pass_fds=(write_fd, *pass_fds), stdin=subprocess.DEVNULL,
@@ -164,7 +167,8 @@ class HeadSupervisor:
     def launch(self) -> Launched:
         launched = launch_daemon("rtml.head.main", self.cfg.to_json(), self.session, "head",
                                  self.die_with_parent, self.cfg.token,
-                                 pass_fds=(self.listener.fileno(),), own_group=self.own_group)
+                                 pass_fds=(self.listener.fileno(),), own_group=self.own_group,
+                                 redis_password=self.cfg.redis_password)
         self.proc = launched.proc
         return launched
 
@@ -274,10 +278,12 @@ class RedisKeeper:
 
 def start_head_node(session: Session, token: str, node: NodeConfig, *, port: int = 0,
                     die_with_parent: bool, own_group: bool = False,
-                    node_timeout: float | None = None) -> StartedNode:
+                    node_timeout: float | None = None,
+                    redis_address: RedisAddress | None = None) -> StartedNode:
     """Start Redis, the head service and a node manager, all on ``node.node_ip``.
     ``node_timeout``: seconds without a heartbeat before the head declares a node dead
-    (default: ``RTML_NODE_TIMEOUT_S``, else 10).
+    (default: ``RTML_NODE_TIMEOUT_S``, else 10). ``redis_address``: a Redis of the user's
+    to use instead (none is started then; it is checked first).
 
     The head's listening socket is bound here and handed to its supervisor, so its
     address is known at once and the node manager starts alongside it (its connection
@@ -286,17 +292,26 @@ def start_head_node(session: Session, token: str, node: NodeConfig, *, port: int
     daemon. Redis listens on the node's address too (other nodes write to it), always
     behind the cluster password.
     """
+    if redis_address is not None:
+        _check_redis(redis_address, token)
     session.create()
     session.write_token(token)
     host = node.node_ip
     listener = _bind(host, port)
-    redis = start_redis(port=0, password=token, data_dir=str(session.redis), bind=host,
-                        die_with_parent=die_with_parent)
-    started = StartedNode(session, f"{host}:{listener.getsockname()[1]}", "", "", redis)
+    redis = None
+    if redis_address is None:
+        redis = start_redis(port=0, password=token, data_dir=str(session.redis), bind=host,
+                            die_with_parent=die_with_parent)
+        redis_address = RedisAddress(redis.host, redis.port)
+    started = StartedNode(session, f"{host}:{listener.getsockname()[1]}", "", "", redis,
+                          redis_address=redis_address)
     try:
-        head_cfg = HeadConfig(str(session.root), token, redis.host, redis.port, host,
-                              listener.getsockname()[1], listen_fd=listener.fileno(),
-                              redis_pid=0 if die_with_parent else redis.proc.pid)
+        head_cfg = HeadConfig(str(session.root), token, redis_address.host, redis_address.port,
+                              host, listener.getsockname()[1], listen_fd=listener.fileno(),
+                              redis_pid=0 if die_with_parent or redis is None
+                              else redis.proc.pid,
+                              redis_user=redis_address.user,
+                              redis_password=redis_address.password)
         if node_timeout is not None:
             head_cfg = HeadConfig(**{**head_cfg.__dict__, "node_timeout": node_timeout})
         if die_with_parent:
@@ -319,10 +334,28 @@ def start_head_node(session: Session, token: str, node: NodeConfig, *, port: int
         raise
     if started.supervisor is not None:
         started.supervisor.watch_in_thread()
-        started.keeper = RedisKeeper(session, redis.host, redis.port, token, redis.proc.pid,
-                                     redis.proc)
-        started.keeper.watch_in_thread()
+        if redis is not None:
+            started.keeper = RedisKeeper(session, redis.host, redis.port, token,
+                                         redis.proc.pid, redis.proc)
+            started.keeper.watch_in_thread()
     return started
+
+
+def _check_redis(address: RedisAddress, token: str) -> None:
+    """A Redis of the user's answers and takes our login, or RtmlSystemError says not."""
+    plane = ControlPlane.at(address, token)
+    try:
+        reachable = plane.ping()
+    except RtmlSystemError as exc:  # it answered, refusing the login
+        user = f"user {address.user!r}" if address.user else "the default user"
+        raise RtmlSystemError(f"Redis at {address} rejected the login of {user}: check the "
+                              f"user and password in --redis-address ({exc.__cause__})"
+                              ) from None
+    finally:
+        plane.close()
+    if not reachable:
+        raise RtmlSystemError(f"cannot reach Redis at {address}: check the address of "
+                              f"--redis-address and that it runs")
 
 
 def _launch_supervisor(session: Session, cfg: HeadConfig,
@@ -330,21 +363,23 @@ def _launch_supervisor(session: Session, cfg: HeadConfig,
     """The ``rtml.head.supervisor`` daemon, handed ``listener`` (closed here)."""
     try:
         return launch_daemon("rtml.head.supervisor", cfg.to_json(), session, "supervisor",
-                             False, cfg.token, pass_fds=(listener.fileno(),))
+                             False, cfg.token, pass_fds=(listener.fileno(),),
+                             redis_password=cfg.redis_password)
     finally:
         listener.close()
 
 
-def take_over_head(session: Session, token: str, head_address: str, redis_host: str,
-                   redis_port: int, redis_pid: int) -> subprocess.Popen[bytes]:
+def take_over_head(session: Session, token: str, head_address: str,
+                   redis_address: RedisAddress, redis_pid: int) -> subprocess.Popen[bytes]:
     """Start a head supervisor (and head) for a head node whose supervisor died while its
     Redis (``redis_pid``, which the new supervisor keeps running) lives on: on the
     recorded address, taking over from what Redis recorded (the node managers rejoin
     it). Returns the supervisor's process."""
     host, _, port = head_address.rpartition(":")
     listener = _bind(host, int(port))
-    cfg = HeadConfig(str(session.root), token, redis_host, redis_port, host, int(port),
-                     listen_fd=listener.fileno(), redis_pid=redis_pid)
+    cfg = HeadConfig(str(session.root), token, redis_address.host, redis_address.port, host,
+                     int(port), listen_fd=listener.fileno(), redis_pid=redis_pid,
+                     redis_user=redis_address.user, redis_password=redis_address.password)
     launched = _launch_supervisor(session, cfg, listener)
     await_ready(launched, session)
     return launched.proc

@@ -14,6 +14,8 @@ INLINE_MAX = 100 * 1024
 
 TOKEN_ENV = "RTML_CLUSTER_TOKEN"
 """Children get the cluster token in their environment, never on their command line."""
+REDIS_PASSWORD_ENV = "RTML_REDIS_PASSWORD"
+"""... and the password of a Redis of the user's (``--redis-address``) the same way."""
 
 DIE_WITH_PARENT_ENV = "RTML_DIE_WITH_PARENT"
 """A daemon launched with this set to its launcher's pid dies with the launcher."""
@@ -104,16 +106,20 @@ class HeadConfig:
     node_timeout: float = field(default_factory=lambda: float(
         os.environ.get("RTML_NODE_TIMEOUT_S", DEFAULT_NODE_TIMEOUT)))
     redis_pid: int = 0  # the Redis the head supervisor keeps running (0: none of ours)
+    redis_user: str = ""  # a Redis of the user's: its ACL user and password (rtml's own
+    redis_password: str = ""  # has none: the cluster token is its password)
     task_records_kept: int = field(default_factory=lambda: int(
         os.environ.get("RTML_TASK_RECORDS_KEPT", DEFAULT_TASK_RECORDS_KEPT)))
 
     def to_json(self) -> str:
-        """The config without its token (which travels in ``TOKEN_ENV``)."""
-        return json.dumps({**self.__dict__, "token": ""})
+        """The config without its secrets (which travel in ``TOKEN_ENV`` and
+        ``REDIS_PASSWORD_ENV``)."""
+        return json.dumps({**self.__dict__, "token": "", "redis_password": ""})
 
     @classmethod
     def from_json(cls, text: str) -> HeadConfig:
-        return cls(**{**json.loads(text), "token": os.environ[TOKEN_ENV]})
+        return cls(**{**json.loads(text), "token": os.environ[TOKEN_ENV],
+                      "redis_password": os.environ.get(REDIS_PASSWORD_ENV, "")})
 
 
 @dataclass(frozen=True)

@@ -102,6 +102,9 @@ def _add_start(sub: Any) -> None:
     start.add_argument("--node-timeout-s", type=float, default=None, metavar="SECONDS",
                        help="seconds without a heartbeat before the head declares a node "
                             "dead (--head; default: $RTML_NODE_TIMEOUT_S, else 10)")
+    start.add_argument("--redis-address", default=None, metavar="URL",
+                       help="--head: use your own Redis, redis://[USER:PASSWORD@]HOST:PORT, "
+                            "instead of starting one (rtml then never stops or restarts it)")
     start.add_argument("--block", action="store_true",
                        help="stay in the foreground; stop everything on Ctrl-C / SIGTERM")
     add_session_dir(start)

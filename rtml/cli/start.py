@@ -29,6 +29,7 @@ from typing import Any
 from rtml import cluster
 from rtml.cli.options import CliError, session_flag, session_of
 from rtml.config import NodeConfig, default_object_store_memory, parse_resources
+from rtml.control_plane import RedisAddress
 from rtml.daemon import pid_alive
 from rtml.exceptions import ProtocolError, RtmlSystemError
 from rtml.ids import random_id
@@ -76,10 +77,22 @@ def _start_head(args: argparse.Namespace, session: Session) -> int:
     timeout = args.node_timeout_s
     if timeout is not None and not timeout > 0:
         raise CliError(f"--node-timeout-s must be > 0 seconds, got {timeout}")
-    started = cluster.start_head_node(session, token, node, port=args.port,
-                                      die_with_parent=False, node_timeout=timeout)
-    assert started.redis is not None
-    _write_record(started, "head", started.redis.host, started.redis.port)
+    redis = None
+    if args.redis_address:
+        try:
+            redis = RedisAddress.parse(args.redis_address)
+        except ValueError as exc:
+            raise CliError(f"--redis-address: {exc}") from None
+    try:
+        started = cluster.start_head_node(session, token, node, port=args.port,
+                                          die_with_parent=False, node_timeout=timeout,
+                                          redis_address=redis)
+    except RtmlSystemError as exc:
+        if redis is None:
+            raise
+        raise CliError(f"--redis-address: {exc}") from None
+    assert started.redis_address is not None
+    _write_record(started, "head", started.redis_address)
     _print_head_started(started, token, session)
     return _block(started) if args.block else 0
 
@@ -94,12 +107,14 @@ def _take_over_head(session: Session) -> bool:
         return False
     by_name = {p["name"]: p for p in _recorded_processes(record)}
     supervisor, redis = by_name.get("supervisor"), by_name.get("redis")
-    if supervisor is None or redis is None or _alive(supervisor) or not _alive(redis):
+    users = record.get("redis_password")  # a Redis of the user's: not ours to watch
+    if supervisor is None or _alive(supervisor) or not users and (
+            redis is None or not _alive(redis)):
         return False
     try:
         proc = cluster.take_over_head(session, token, record["head_address"],
-                                      record["redis_host"], int(record["redis_port"]),
-                                      int(redis["pid"]))
+                                      RedisAddress.from_info(record),
+                                      0 if users or redis is None else int(redis["pid"]))
     except RtmlSystemError as exc:
         raise CliError(f"could not start the head again in {session.root}: {exc}") from None
     supervisor.update(pid=proc.pid, start_time=process_start_time(proc.pid))
@@ -112,9 +127,10 @@ def _take_over_head(session: Session) -> bool:
 
 
 def _start_worker_node(args: argparse.Namespace, session: Session) -> int:
-    if args.node_timeout_s is not None:
-        raise CliError("--node-timeout-s is the head's setting: pass it to "
-                       "`rtml start --head`")
+    for flag in ("node_timeout_s", "redis_address"):
+        if getattr(args, flag) is not None:
+            raise CliError(f"--{flag.replace('_', '-')} is the head's setting: pass it to "
+                           f"`rtml start --head`")
     token = args.token or os.environ.get("RTML_TOKEN")
     if not token:
         raise CliError("no cluster token: pass --token TOKEN or set RTML_TOKEN (the head "
@@ -126,7 +142,8 @@ def _start_worker_node(args: argparse.Namespace, session: Session) -> int:
         started = cluster.join_node(session, token, node, address, die_with_parent=False)
     except RtmlSystemError as exc:
         raise CliError(f"could not join the head at {address}: {exc}") from None
-    _write_record(started, "node", info.get("redis_host", ""), int(info.get("redis_port", 0)))
+    _write_record(started, "node", RedisAddress.from_info(info) if info.get("redis_host")
+                  else None)
     print(f"Started an rtml node in session {session.root}")
     print(f"  joined head:   {address}")
     print(f"  node manager:  {started.nm_address} (node {started.node_id})")
@@ -175,15 +192,18 @@ def _hello_head(address: str, token: str) -> dict[str, str]:
                        f"check the address and that `rtml start --head` runs there") from None
 
 
-def _write_record(started: cluster.StartedNode, role: str, redis_host: str,
-                  redis_port: int) -> None:
-    """Record what was started; processes are listed in the order to stop them."""
+def _write_record(started: cluster.StartedNode, role: str,
+                  redis: RedisAddress | None) -> None:
+    """Record what was started; processes are listed in the order to stop them. The
+    record (0600) also says where the control plane is, and how to log in to a Redis
+    of the user's."""
     procs = [(proc.pid, _module_name(proc.args)) for proc in reversed(started.procs)]
     if started.redis is not None:
         procs.append((started.redis.proc.pid, "redis"))
+    where = redis.info() if redis is not None else {"redis_host": "", "redis_port": ""}
     started.session.write_record({
         "role": role, "head_address": started.head_address, "nm_address": started.nm_address,
-        "node_id": started.node_id, "redis_host": redis_host, "redis_port": redis_port,
+        "node_id": started.node_id, **where,
         "pids": [pid for pid, _ in procs],
         "processes": [{"pid": pid, "name": name, "start_time": process_start_time(pid)}
                       for pid, name in procs],
@@ -200,14 +220,16 @@ def _module_name(argv: Any) -> str:
 
 
 def _print_head_started(started: cluster.StartedNode, token: str, session: Session) -> None:
-    assert started.redis is not None
+    redis = started.redis_address
+    assert redis is not None
+    whose = "" if started.redis is not None else " (yours: not started or stopped by rtml)"
     env = "" if session.root == Path(default_session_dir()) else \
         f"RTML_SESSION_DIR={session.root} "
     lines = [
         f"Started the rtml head node in session {session.root}",
         f"  head service:   {started.head_address}",
         f"  node manager:   {started.nm_address} (node {started.node_id})",
-        f"  control plane:  Redis at {started.redis.host}:{started.redis.port}",
+        f"  control plane:  Redis at {redis}{whose}",
         f"RTML_ADDRESS={started.head_address}",
         f"RTML_TOKEN={token}",
         "",

@@ -22,7 +22,7 @@ from typing import Any
 
 from rtml.cli.options import CliError, session_of
 from rtml.config import STORE_RESOURCE
-from rtml.control_plane import ControlPlane
+from rtml.control_plane import ControlPlane, RedisAddress
 
 _GIB = float(1 << 30)
 _BYTE_RESOURCES = ("memory", STORE_RESOURCE)
@@ -43,7 +43,7 @@ def _control_plane(args: argparse.Namespace) -> tuple[ControlPlane, dict[str, An
     if not record.get("redis_host") or not record.get("redis_port"):
         raise CliError(f"the record in {session.root} does not say where the control plane "
                        f"is; run this command with the head node's --session-dir")
-    plane = ControlPlane(record["redis_host"], int(record["redis_port"]), token)
+    plane = ControlPlane.at(RedisAddress.from_info(record), token)
     if not plane.ping():
         raise CliError(f"cannot reach the control plane at {record['redis_host']}:"
                        f"{record['redis_port']}; is the cluster running? (`rtml start "

@@ -9,6 +9,7 @@ path, and :class:`Keys` names every key.
 
 from __future__ import annotations
 
+from rtml.control_plane.address import RedisAddress
 from rtml.control_plane.keys import Keys
 from rtml.control_plane.redis_server import RedisProcess, find_redis_server, start_redis
 from rtml.control_plane.tables import RAN, SUBMITTED, ControlPlane, location_field, unreachable
@@ -21,6 +22,7 @@ __all__ = [
     "BatchedWriter",
     "ControlPlane",
     "Keys",
+    "RedisAddress",
     "RedisProcess",
     "find_redis_server",
     "start_redis",

@@ -56,9 +56,11 @@ class RespClient:
     """One lazily opened, password-authenticated connection; thread-safe (one lock per exchange)."""
 
     def __init__(self, host: str, port: int, password: str | None, *,
-                 timeout: float = 10.0, connect_timeout: float = 5.0) -> None:
+                 timeout: float = 10.0, connect_timeout: float = 5.0,
+                 username: str = "") -> None:
         self.host, self.port = host, port
         self._password = password
+        self._username = username  # an ACL user (Redis 6+); "" is the default user
         self._timeout, self._connect_timeout = timeout, connect_timeout
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
@@ -152,7 +154,9 @@ class RespClient:
         self._sock, self._reader = sock, hiredis.Reader(replyError=RespError)
         if self._password:
             try:
-                sock.sendall(_pack(("AUTH", self._password)))
+                auth = ("AUTH", self._username, self._password) if self._username else \
+                    ("AUTH", self._password)
+                sock.sendall(_pack(auth))
                 reply = self._read_reply(sock)
             except (OSError, hiredis.ProtocolError) as exc:
                 self._drop()

@@ -30,6 +30,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import msgspec
 
+from rtml.control_plane.address import RedisAddress
 from rtml.control_plane.keys import DEFAULT_NAMESPACE, Keys
 from rtml.control_plane.resp import (
     Arg,
@@ -180,12 +181,19 @@ class ControlPlane:
     """
 
     def __init__(self, host: str, port: int, password: str,
-                 namespace: str = DEFAULT_NAMESPACE) -> None:
+                 namespace: str = DEFAULT_NAMESPACE, user: str = "") -> None:
         self.host = host
         self.port = port
         self.keys = Keys(namespace)
-        self._client = RespClient(host, port, password, timeout=10.0, connect_timeout=5.0)
+        self._client = RespClient(host, port, password, timeout=10.0, connect_timeout=5.0,
+                                  username=user)
         self._delete_if_equal = Script(self._client, _DELETE_IF_EQUAL)
+
+    @classmethod
+    def at(cls, address: RedisAddress, token: str) -> ControlPlane:
+        """The control plane at ``address``, logging in as its user, or with the cluster
+        token (rtml's own Redis)."""
+        return cls(address.host, address.port, address.password or token, user=address.user)
 
     def __repr__(self) -> str:
         return f"ControlPlane({self.host}:{self.port}, namespace={self.keys.namespace!r})"
@@ -289,8 +297,9 @@ class ControlPlane:
 
     @_redis_errors
     def finish_job(self, job_id: bytes) -> None:
-        """Record that a job's driver has finished."""
-        fields = {"IsDead": True, "EndTime": time.time()}
+        """Record that a job's driver has finished (exited, or died)."""
+        now = time.time()
+        fields = {"IsDead": True, "EndTime": now, "status": "FINISHED", "end_ts": now}
         self._client.execute(*_hset(self.keys.job(job_id.hex()), fields))
 
     @_redis_errors

@@ -37,7 +37,7 @@ from typing import Any
 
 from rtml import objectstore
 from rtml.config import INLINE_MAX, STORE_FULL_TIMEOUT, default_head_timeout
-from rtml.control_plane import BatchedWriter, ControlPlane, unreachable
+from rtml.control_plane import BatchedWriter, ControlPlane, RedisAddress, unreachable
 from rtml.core import object_ref
 from rtml.core.head_link import HeadLink
 from rtml.core.memory_store import IN_STORE, Entry, MemoryStore, StoredError
@@ -138,7 +138,7 @@ class ClientRuntime:
                                  self._on_head_message, config.head_timeout,
                                  self._created_actors, self._head_gone)
             info = self.head.reply.info
-            self.plane = ControlPlane(info["redis_host"], int(info["redis_port"]), self.token)
+            self.plane = ControlPlane.at(RedisAddress.from_info(info), self.token)
         except BaseException:
             self.reactor.stop()
             self.reactor.close()

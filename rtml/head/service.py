@@ -43,7 +43,7 @@ from typing import Any
 import msgspec
 
 from rtml.config import HEARTBEAT_INTERVAL, HeadConfig
-from rtml.control_plane import BatchedWriter, ControlPlane
+from rtml.control_plane import BatchedWriter, ControlPlane, RedisAddress
 from rtml.head import actors as ad
 from rtml.head.writes import PlaneWrites
 from rtml.rpc import messages as m
@@ -80,7 +80,9 @@ class HeadService(Service):
     def __init__(self, cfg: HeadConfig) -> None:
         self.cfg = cfg
         self.token = cfg.token
-        self.plane = ControlPlane(cfg.redis_host, cfg.redis_port, cfg.token)
+        self.redis = RedisAddress(cfg.redis_host, cfg.redis_port, cfg.redis_user,
+                                  cfg.redis_password)
+        self.plane = ControlPlane.at(self.redis, cfg.token)
         self.events = BatchedWriter(self.plane, interval=EVENT_FLUSH_INTERVAL)
         self.writes = PlaneWrites()
         self.nodes: dict[bytes, NodeState] = {}
@@ -134,8 +136,7 @@ class HeadService(Service):
         if hello.role == "driver" and hello.job_id in self.expected_jobs:  # came back
             self.expected_jobs.discard(hello.job_id)
             self.jobs[hello.job_id] = peer
-        return m.HelloReply(ok=True, info={"redis_host": self.cfg.redis_host,
-                                           "redis_port": str(self.cfg.redis_port)})
+        return m.HelloReply(ok=True, info=self.redis.info())
 
     def on_message(self, peer: Peer, msg: Any) -> None:
         handler = self._handlers.get(type(msg))
@@ -156,8 +157,6 @@ class HeadService(Service):
 
     def _job_ended(self, job_id: bytes, why: str) -> None:
         self.writes.write(self.plane.finish_job, job_id)
-        self.writes.write(self.plane.put_job, job_id,
-                          {"status": "FINISHED", "end_ts": time.time()})
         self._event("JobFinished", job_id=job_id)
         self._carry_out(self.actors.job_ended(job_id, why))
         self.writes.aside(fail_pending_tasks, self.plane, job_id)

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from rtml.config import HEARTBEAT_INTERVAL, STORE_RESOURCE, NodeConfig, WorkerConfig
-from rtml.control_plane import ControlPlane
+from rtml.control_plane import ControlPlane, RedisAddress
 from rtml.daemon import (
     ReadyPipe,
     die_with_launcher,
@@ -130,8 +130,7 @@ class NodeManager(Service):
                                                    self.cfg.port)
         self.address = f"{self.cfg.node_ip}:{self.tcp_server.sockets[0].getsockname()[1]}"
         reply = await self.head.connect(HEAD_CONNECT_TIMEOUT)
-        self.plane = ControlPlane(reply.info["redis_host"], int(reply.info["redis_port"]),
-                                  self.token)
+        self.plane = ControlPlane.at(RedisAddress.from_info(reply.info), self.token)
         self.head.send(self._registration(rejoin=False))
         self._run(self.sched.ensure_pool(0))
 

@@ -3,7 +3,8 @@ is lost meanwhile (issue 16, item 2): lineage, actor records and job ends wait f
 a function exported during the outage reaches the workers; actors created, restarted or
 ended during it are. Embedded (the driver's keeper thread restarts Redis; the outage is
 stretched to 3 s by delaying the restart) and under ``rtml start --head`` (the
-supervisor daemon restarts it; ``rtml stop`` stops the new one)."""
+supervisor daemon restarts it; ``rtml stop`` stops the new one). A Redis the user runs
+(``--redis-address``) is used as it is: rtml starts, restarts and stops none."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -22,6 +24,8 @@ from test_cli import Head
 
 import rtml
 from rtml import api, cluster
+from rtml.control_plane import ControlPlane, RedisProcess, start_redis
+from rtml.control_plane.resp import RespClient
 from rtml.core import context
 
 OUTAGE = 3.0
@@ -147,3 +151,63 @@ def test_the_supervisor_daemon_starts_redis_again_and_rtml_stop_stops_it(
     assert stopped.returncode == 0, stopped.stderr
     new.wait(10)
     assert not new.is_running()
+
+
+@pytest.fixture
+def users_redis(tmp_path: Path) -> Iterator[tuple[RedisProcess, str]]:
+    """A Redis the user runs (not rtml's), with an ACL user for rtml; its URL."""
+    server = start_redis(port=0, password="admin-pw", data_dir=str(tmp_path / "users"))
+    client = RespClient(server.host, server.port, "admin-pw")
+    client.execute("ACL", "SETUSER", "rtml", "on", ">rtml-pw", "~*", "+@all")
+    client.close()
+    try:
+        yield server, f"redis://rtml:rtml-pw@{server.host}:{server.port}"
+    finally:
+        server.stop()
+
+
+def test_a_head_on_the_users_own_redis_starts_none_and_leaves_it_running(
+        users_redis: tuple[RedisProcess, str], tmp_path: Path) -> None:
+    server, url = users_redis
+    session_dir = tmp_path / "head"
+    started = test_cli.rtml("start", "--head", "--port", str(test_cli._free_port()),
+                            "--num-cpus", "2", "--session-dir", str(session_dir),
+                            "--redis-address", url, cwd=tmp_path)
+    assert started.returncode == 0, started.stderr
+    assert f"Redis at {server.host}:{server.port} (yours" in started.stdout
+    try:
+        record = json.loads((session_dir / "session.json").read_text())
+        assert "redis" not in {p["name"] for p in record["processes"]}
+        values = dict(line.split("=", 1) for line in started.stdout.splitlines()
+                      if line.startswith(("RTML_ADDRESS=", "RTML_TOKEN=")))
+        head = Head(session_dir, tmp_path, values["RTML_ADDRESS"], values["RTML_TOKEN"],
+                    started.stdout)
+        run_driver_through_head_kill(head)
+        plane = ControlPlane(server.host, server.port, "rtml-pw", user="rtml")
+        assert any(job["IsDead"] for job in plane.list_jobs())  # rtml wrote there
+        plane.close()
+    finally:
+        test_cli._stop(session_dir, tmp_path)
+    assert server.proc.poll() is None  # the user's Redis runs on
+
+
+def test_a_bad_redis_address_is_refused_saying_why(users_redis: tuple[RedisProcess, str],
+                                                    tmp_path: Path) -> None:
+    server, url = users_redis
+    for address, why in ((url.replace("rtml-pw", "wrong"), "rejected the login of user 'rtml'"),
+                         (f"redis://{server.host}", "names no port"),
+                         (f"rediss://{server.host}:{server.port}", "TLS")):
+        refused = test_cli.rtml("start", "--head", "--port", str(test_cli._free_port()),
+                                "--session-dir", str(tmp_path / "refused"),
+                                "--redis-address", address, cwd=tmp_path)
+        assert refused.returncode != 0 and why in refused.stderr, refused.stderr
+        assert "--redis-address" in refused.stderr
+
+
+def run_driver_through_head_kill(head: Head) -> None:
+    """A driver's task runs, the head service is SIGKILLed and comes back (reading the
+    user's Redis), and the driver's next task and actor run."""
+    from test_head_restart_daemon import head_service, run_driver_through
+
+    old = head_service(head.session_dir)
+    run_driver_through(head, lambda: old.send_signal(signal.SIGKILL))

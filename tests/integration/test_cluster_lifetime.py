@@ -246,3 +246,21 @@ rtml.shutdown()
     while psutil.pid_exists(int(pid)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not psutil.pid_exists(int(pid)), "the actor outlived the job that made it"
+
+
+def test_a_job_whose_driver_exited_or_died_is_recorded_ended(head: Head) -> None:
+    _run(head, 'rtml.init(address="auto")\nprint(rtml.get(rtml.put(1)))\n')  # exits
+    killed = head.driver('import os, rtml\nrtml.init(address="auto")\nprint(1, flush=True)\n'
+                         'os.kill(os.getpid(), 9)\n')
+    killed.communicate(timeout=60)
+    deadline = time.monotonic() + 10
+    while True:
+        listed = head.cli("list", "jobs", "--format", "json")
+        assert listed.returncode == 0, listed.stderr
+        jobs = json.loads(listed.stdout)
+        if len(jobs) == 2 and all(job["IsDead"] for job in jobs):
+            break
+        assert time.monotonic() < deadline, jobs
+        time.sleep(0.1)
+    for job in jobs:
+        assert job["status"] == "FINISHED" and job["EndTime"] >= job["StartTime"]
