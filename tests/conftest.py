@@ -168,3 +168,28 @@ def start_cluster() -> Iterator[Callable[..., Any]]:
 
     yield start
     _shutdown()
+
+
+@pytest.fixture
+def start_nodes(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Any]]:
+    """Factory: ``start_nodes(head_cpus, *node_cpus)`` -> ``(cluster, [nodes])``: an
+    ``rtml.testing.Cluster`` whose head declares a silent node dead after 1.5 s, with a
+    driver of this process connected; shut down after the test."""
+    import rtml
+    from rtml.testing import Cluster
+
+    started: list[Any] = []
+
+    def start(head_cpus: float, *node_cpus: float) -> tuple[Any, list[Any]]:
+        if rtml.is_initialized():
+            rtml.shutdown()
+        monkeypatch.setenv("RTML_NODE_TIMEOUT_S", "1.5")
+        cluster = Cluster(head_node_args={"num_cpus": head_cpus})
+        started.append(cluster)
+        nodes = [cluster.add_node(num_cpus=cpus) for cpus in node_cpus]
+        cluster.connect()
+        return cluster, nodes
+
+    yield start
+    for cluster in started:
+        cluster.shutdown()

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,16 +26,10 @@ PART = 1 << 17  # float64s: 1 MiB, so each part lives in shared memory
 
 
 @pytest.fixture
-def two_nodes(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Cluster, ClusterNode]]:
+def two_nodes(start_nodes: Callable[..., Any]) -> tuple[Cluster, ClusterNode]:
     """A head (2 CPUs) and node2 (2 CPUs); a silent node is dead after 1.5 s."""
-    if rtml.is_initialized():
-        rtml.shutdown()
-    monkeypatch.setenv("RTML_NODE_TIMEOUT_S", "1.5")
-    cluster = Cluster(head_node_args={"num_cpus": 2})
-    node2 = cluster.add_node(num_cpus=2)
-    cluster.connect()
-    yield cluster, node2
-    cluster.shutdown()
+    cluster, (node2,) = start_nodes(2, 2)
+    return cluster, node2
 
 
 def _count(runs: Path, name: str) -> None:
@@ -180,18 +175,10 @@ def test_a_task_that_reads_a_lost_argument_runs_again_once_it_is_rebuilt(
 
 
 @pytest.fixture
-def three_nodes(monkeypatch: pytest.MonkeyPatch
-                ) -> Iterator[tuple[Cluster, ClusterNode, ClusterNode]]:
+def three_nodes(start_nodes: Callable[..., Any]) -> tuple[Cluster, ClusterNode, ClusterNode]:
     """A head with no CPU (the driver's node), node2 and node3 (1 CPU each)."""
-    if rtml.is_initialized():
-        rtml.shutdown()
-    monkeypatch.setenv("RTML_NODE_TIMEOUT_S", "1.5")
-    cluster = Cluster(head_node_args={"num_cpus": 0})
-    node2 = cluster.add_node(num_cpus=1)
-    node3 = cluster.add_node(num_cpus=1)
-    cluster.connect()
-    yield cluster, node2, node3
-    cluster.shutdown()
+    cluster, (node2, node3) = start_nodes(0, 1, 1)
+    return cluster, node2, node3
 
 
 @rtml.remote(num_returns=2)

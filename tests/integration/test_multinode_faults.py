@@ -6,8 +6,9 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_multinode import Counter, big_array, node_of, pinned, sleepy_node
@@ -23,16 +24,10 @@ from rtml.testing import Cluster, ClusterNode
 
 
 @pytest.fixture
-def two_nodes(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Cluster, ClusterNode]]:
+def two_nodes(start_nodes: Callable[..., Any]) -> tuple[Cluster, ClusterNode]:
     """A head (1 CPU) and node2 (1 CPU); the head declares a node dead after 1.5 s silent."""
-    if rtml.is_initialized():
-        rtml.shutdown()
-    monkeypatch.setenv("RTML_NODE_TIMEOUT_S", "1.5")
-    cluster = Cluster(head_node_args={"num_cpus": 1})
-    node2 = cluster.add_node(num_cpus=1)
-    cluster.connect()
-    yield cluster, node2
-    cluster.shutdown()
+    cluster, (node2,) = start_nodes(1, 1)
+    return cluster, node2
 
 
 def _alive(node: ClusterNode) -> bool:
