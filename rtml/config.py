@@ -35,6 +35,19 @@ trims older ones every TRIM_INTERVAL s (Ray keeps about 100,000 task events too)
 TRIM_INTERVAL = 5.0
 
 
+def default_task_records_kept() -> int:
+    """RTML_TASK_RECORDS_KEPT, else the default. Raises ValueError naming a bad value."""
+    text = os.environ.get("RTML_TASK_RECORDS_KEPT", str(DEFAULT_TASK_RECORDS_KEPT))
+    try:
+        kept = int(text)
+    except ValueError:
+        kept = 0
+    if kept < 1:
+        raise ValueError(f"RTML_TASK_RECORDS_KEPT={text!r}: give a whole number of task "
+                         f"records >= 1 (default {DEFAULT_TASK_RECORDS_KEPT})")
+    return kept
+
+
 def default_head_timeout() -> float:
     return float(os.environ.get("RTML_HEAD_TIMEOUT_S", DEFAULT_HEAD_TIMEOUT))
 
@@ -108,8 +121,7 @@ class HeadConfig:
     redis_pid: int = 0  # the Redis the head supervisor keeps running (0: none of ours)
     redis_user: str = ""  # a Redis of the user's: its ACL user and password (rtml's own
     redis_password: str = ""  # has none: the cluster token is its password)
-    task_records_kept: int = field(default_factory=lambda: int(
-        os.environ.get("RTML_TASK_RECORDS_KEPT", DEFAULT_TASK_RECORDS_KEPT)))
+    task_records_kept: int = field(default_factory=default_task_records_kept)
 
     def to_json(self) -> str:
         """The config without its secrets (which travel in ``TOKEN_ENV`` and

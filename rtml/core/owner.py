@@ -292,7 +292,8 @@ class TaskOwner:
         del self.lineage[task_id]
         locations = rt.refs.locations
         returns = [rid for rid in record.return_ids if entries.get(rid) is IN_STORE]
-        alive = [rid for rid in returns if locations.get(rid) not in rt.dead_nodes]
+        alive = [rid for rid in returns
+                 if rid != object_id and locations.get(rid) not in rt.dead_nodes]
         if alive:  # the run makes them again elsewhere: these copies are let go
             rt.refs.send_holds(m.ReleaseHolds, alive, rt.client_id)
         for return_id in returns:
@@ -447,9 +448,10 @@ class TaskOwner:
 
 def _lineage(record: TaskRecord, msg: m.TaskResult) -> tuple[Any, ...]:
     """The outcome record of a task that ran (compact: see ``write_task_records``)."""
-    return (RAN, record.spec.task_id, record.spec.attempt,
+    spec = record.spec
+    return (RAN, spec.task_id, spec.attempt,
             "FAILED" if msg.returns and msg.returns[0].is_error else "FINISHED",
-            msg.start_ts, msg.end_ts, msg.worker_pid, msg.node_id)
+            msg.start_ts, msg.end_ts, msg.worker_pid, msg.node_id, spec.name, spec.job_id)
 
 
 def _in_store(msg: m.TaskResult) -> bool:

@@ -123,6 +123,7 @@ class ClientRuntime:
         self.closed = False
         self.remote_nms: dict[bytes, Connection] = {}
         self.dead_nodes: set[bytes] = set()  # told by our node manager
+        self._store_room = 0  # the node's free store bytes, as its last CreateObject answer said
         self._warned_shapes: set[tuple[tuple[str, float], ...]] = set()
         self._unflushed: list[Connection] = []
         self.reactor.start()
@@ -421,9 +422,11 @@ class ClientRuntime:
 
     def write_shared(self, object_id: bytes, ser: Serialized, holder: bytes) -> int:
         """Write a value into this node's shared-memory store on behalf of ``holder``, and
-        seal it once the node manager has made room for it (asked first, answered while
-        the value is written). Raises ObjectStoreFullError (OutOfDiskError if spilling
-        failed) when it cannot, and leaves nothing behind then."""
+        seal it once the node manager has made room for it. Asked first; written while
+        the answer comes when the last answer left room for it twice over (so a store
+        near full is never overrun), else once it is granted. Raises
+        ObjectStoreFullError (OutOfDiskError if spilling failed) when it cannot, and
+        leaves nothing behind then."""
         if self.nm.closed:
             raise self.nm_gone()
         done = Flag()
@@ -436,24 +439,37 @@ class ClientRuntime:
         req_id = self.ask(self.nm, lambda rid: m.CreateObject(rid, object_id, ser.size),
                           answered)
         path = objectstore.segment_path(self.store_namespace, object_id)
-        written = True
+        written = False
+        if 2 * ser.size > self._store_room:
+            self._room_granted(req_id, done, box, path, written)
         try:
             size = objectstore.write_segment(path, ser.inband, ser.buffers)
+            written = True
         except FileExistsError:  # an earlier attempt of the same task wrote it
-            size, written = os.stat(path).st_size, False
+            size = os.stat(path).st_size
+        if not box:
+            self._room_granted(req_id, done, box, path, written)
+        self.nm.send(m.SealObject(object_id, size, holder))
+        return size
+
+    def _room_granted(self, req_id: int, done: Flag,
+                      box: list[m.ObjectCreated | RtmlSystemError], path: str,
+                      written: bool) -> None:
+        """Wait for the answer to a CreateObject; raise its error (removing what was
+        written) if the room was not granted."""
         if not self.reactor.wait_serving(done, STORE_FULL_TIMEOUT + 30, spin=True):
             self.forget_reply(req_id)
             box.append(RtmlSystemError(f"the node manager at {self.config.nm_address} did "
                                        f"not answer a request for room in its object store"))
         answer = box[0]
-        if isinstance(answer, RtmlSystemError) or answer.error:
-            if written:
-                os.unlink(path)
-            if isinstance(answer, RtmlSystemError):
-                raise answer
-            raise (OutOfDiskError if answer.out_of_disk else ObjectStoreFullError)(answer.error)
-        self.nm.send(m.SealObject(object_id, size, holder))
-        return size
+        if isinstance(answer, m.ObjectCreated) and not answer.error:
+            self._store_room = answer.free
+            return
+        if written:
+            os.unlink(path)
+        if isinstance(answer, RtmlSystemError):
+            raise answer
+        raise (OutOfDiskError if answer.out_of_disk else ObjectStoreFullError)(answer.error)
 
     def set_entries(self, entries: list[tuple[bytes, Entry]]
                     ) -> list[tuple[Callable[[bytes], Any], bytes]]:

@@ -126,6 +126,14 @@ class PlaneWrites:
         worker.jobs.put((fn, args))
 
     def _write_latest(self, key: Hashable) -> None:
-        with self._lock:
-            fn, args = self._latest.pop(key)
-        fn(*args)
+        """Write the newest arguments given for ``key``; forgotten once written (a write
+        that failed is run again by the worker, with whatever is newest then)."""
+        while True:
+            with self._lock:
+                job = self._latest[key]
+            fn, args = job
+            fn(*args)
+            with self._lock:
+                if self._latest[key] is job:
+                    del self._latest[key]
+                    return

@@ -203,7 +203,7 @@ class ObjectManager:
         self.spill_error = ""
         self.execute(self.store.make_room(creation.size))
         if self.store.reserve(creation.object_id, creation.size, creation.creator):
-            creation.peer.send(m.ObjectCreated(creation.req_id))
+            creation.peer.send(m.ObjectCreated(creation.req_id, free=self.store.free_bytes))
         elif self.spill_error:
             creation.peer.send(m.ObjectCreated(
                 creation.req_id, f"{self._full(creation.size)}, and {self.spill_error}; "
@@ -249,6 +249,8 @@ class ObjectManager:
             self.table.sealed(msg.object_id, msg.size, msg.holder)
             self._located(msg.object_id, self.node_id)
         self.execute(commands)
+        if self.creating:  # its room was reserved: it can be spilled now, to make more
+            self._retry_creations()
 
     def add_holds(self, msg: m.AddHolds) -> None:
         """Hold objects for ``msg.holder``: here, or through the node holding their primary
@@ -356,11 +358,15 @@ class ObjectManager:
         for waiter_id in waiters:
             self.waiters.pop(waiter_id, None)
             self.store.cancel_waiter(waiter_id)
-        self.store.unreserve(client_id)
+        unsealed = self.store.unreserve(client_id)
         for creation in [c for c in self.creating if c.creator == client_id]:
             self.creating.remove(creation)
+            unsealed.append(creation.object_id)
             if creation.timer is not None:
                 creation.timer.cancel()
+        for object_id in unsealed:  # written (maybe in part) before its room was granted
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._segment(object_id))
         if self.creating:  # the room it had reserved may be theirs
             self._retry_creations()
         self.gone_clients[client_id] = None
@@ -649,6 +655,8 @@ class ObjectManager:
             return
         self.table.state_changed(object_id, "SEALED", object_id not in self.copy_of)
         self.execute(self.store.restored(object_id))
+        if self.creating:  # restored, it can be spilled again
+            self._retry_creations()
 
     def _delete(self, object_id: bytes) -> None:
         primary = self.copy_of.pop(object_id, None) is None

@@ -222,10 +222,13 @@ class StoreCore:
         self._used += size
         return True
 
-    def unreserve(self, creator: bytes) -> None:
-        """``creator`` left: the room it reserved for objects it never sealed is free."""
-        for object_id in [oid for oid, (_, c) in self._reserved.items() if c == creator]:
+    def unreserve(self, creator: bytes) -> list[bytes]:
+        """``creator`` left: the room it reserved for objects it never sealed is free;
+        returns their ids (the shell removes what it wrote of them)."""
+        ids = [oid for oid, (_, c) in self._reserved.items() if c == creator]
+        for object_id in ids:
             self._used -= self._reserved.pop(object_id)[0]
+        return ids
 
     def spill_failed(self, object_id: bytes) -> None:
         """The shell could not carry out a ``Spill``: the object stays in shared memory

@@ -267,8 +267,24 @@ class Executor:
                              f"returned {got} value(s); return a tuple of exactly "
                              f"{count} values")
         sers = [_serialize_return(spec, v) for v in value]
-        return tuple([self._store_return(spec, oid, ser)
-                      for oid, ser in zip(return_ids(spec), sers, strict=True)])
+        stored: list[m.ReturnObject] = []
+        try:
+            for oid, ser in zip(return_ids(spec), sers, strict=True):
+                stored.append(self._store_return(spec, oid, ser))
+        except ObjectStoreFullError:  # the task fails: the returns stored already go
+            self._let_go(spec, stored)
+            raise
+        return tuple(stored)
+
+    def _let_go(self, spec: m.TaskSpec, returns: list[m.ReturnObject]) -> None:
+        """Release what storing ``returns`` held for their owner (see _store_return)."""
+        local = spec.owner_node in (b"", self.rt.node_id)
+        in_store = [ret.object_id for ret in returns if ret.value is None]
+        if in_store:
+            self.rt.nm.send(m.ReleaseHolds(in_store, spec.owner_id if local else spec.owner_node))
+        for ret in returns:
+            if ret.contained:
+                self.rt.nm.send(m.ReleaseHolder(ret.object_id))
 
     def _store_return(self, spec: m.TaskSpec, object_id: bytes,
                       ser: Serialized) -> m.ReturnObject:

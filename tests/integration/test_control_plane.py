@@ -141,8 +141,8 @@ def test_a_writers_batches_merge_in_the_order_written(plane: ControlPlane) -> No
     task = b"\x13" * 16
     prefix = b"\x7f" * 8
     for seq, attempt in ((2, 2), (1, 1), (256, 3)):  # written out of order on purpose
-        plane.write_task_records([{"task_id": task, "status": "FAILED", "attempt": attempt}],
-                                 prefix + seq.to_bytes(8, "big"))
+        plane.write_task_records([{"task_id": task, "name": "f", "status": "FAILED",
+                                   "attempt": attempt}], prefix + seq.to_bytes(8, "big"))
     [found] = [t for t in plane.list_tasks() if t["task_id"] == task.hex()]
     assert found["attempt"] == 3  # the batch numbered last wins, not the one written last
 
@@ -161,7 +161,8 @@ def test_a_final_status_is_not_undone_by_another_writers_pending(plane: ControlP
 
 def test_a_record_without_a_task_id_does_not_break_the_listing(plane: ControlPlane) -> None:
     task = b"\x15" * 16
-    plane.write_task_records([{"status": "FINISHED"}, {"task_id": task, "status": "PENDING"}])
+    plane.write_task_records([{"status": "FINISHED"},
+                              {"task_id": task, "name": "f", "status": "PENDING"}])
     assert [t["status"] for t in plane.list_tasks() if t["task_id"] == task.hex()] == ["PENDING"]
 
 
@@ -169,7 +170,8 @@ def test_compact_task_records_expand_and_merge_with_dicts(plane: ControlPlane) -
     # The two records an owner writes per task are tuples; the ran one may sort first.
     task, owner, node = b"\x16" * 16, b"\x05" * 16, b"\x06" * 16
     job = b"\x00\x00\x00\x09"
-    plane.write_task_records([(RAN, task, 0, "FINISHED", 2.0, 3.0, 4242, node)], b"\x00" * 16)
+    plane.write_task_records([(RAN, task, 0, "FINISHED", 2.0, 3.0, 4242, node, "f", job)],
+                             b"\x00" * 16)
     plane.write_task_records([(SUBMITTED, task, "f", job, owner, b"\xaa" * 20, 1.0),
                               [SUBMITTED, b"short"], (9, task)], b"\x01" * 16)
     [found] = [t for t in plane.list_tasks() if t["task_id"] == task.hex()]
@@ -267,13 +269,23 @@ def test_batched_writer_survives_redis_errors(server: RedisProcess,
 def test_trimming_keeps_the_newest_task_records(plane: ControlPlane) -> None:
     for batch in range(10):
         plane.write_task_records([{"task_id": (batch * 100 + i).to_bytes(16, "big"),
-                                   "status": "FINISHED"} for i in range(100)])
+                                   "name": "f", "status": "FINISHED"} for i in range(100)])
     assert plane.trim_task_records(1000) == 0
     assert plane.trim_task_records(350) == 600  # whole batches, the oldest first
     kept = {int(t["task_id"], 16) for t in plane.list_tasks()}
     assert kept == set(range(600, 1000))
     assert plane.trim_task_records(0) == 400
     assert plane.list_tasks() == []
+
+
+def test_a_task_whose_submission_was_trimmed_is_not_listed(plane: ControlPlane) -> None:
+    submitted, ran = b"\x01" * 16, b"\x02" * 16
+    plane.write_task_records([{"task_id": submitted, "name": "f", "status": "PENDING"}])
+    plane.write_task_records([{"task_id": ran, "name": "g", "status": "PENDING"}])
+    plane.write_task_records([{"task_id": submitted, "status": "FINISHED"},
+                              {"task_id": ran, "status": "FINISHED"}])
+    assert plane.trim_task_records(3) == 1  # the first batch: the submission of one
+    assert [t["name"] for t in plane.list_tasks()] == ["g"]
 
 
 def test_a_writer_keeps_what_redis_did_not_take_until_it_is_back(
@@ -284,7 +296,8 @@ def test_a_writer_keeps_what_redis_did_not_take_until_it_is_back(
     try:
         server.stop()  # Redis is away
         for i in range(300):
-            writer.submit_task({"task_id": i.to_bytes(16, "big"), "status": "FINISHED"})
+            writer.submit_task({"task_id": i.to_bytes(16, "big"), "name": "f",
+                                "status": "FINISHED"})
         writer.submit_event({"kind": "while away"})
         writer.submit_function(b"f" * 8, b"pickled")
         time.sleep(0.3)  # flushes find it away: all kept

@@ -79,6 +79,7 @@ class ObjectCreated(Msg, tag=46):
     req_id: int
     error: str = ""  # no room: why (the store is full, or spilling to disk failed)
     out_of_disk: bool = False  # the error: spilling to disk failed
+    free: int = 0  # room left in the store after this one's (a hint for the next)
 
 
 class SealObject(Msg, tag=30):
