@@ -538,7 +538,7 @@ def test_room_for_a_new_object_is_made_by_spilling_before_it_is_written(
         try:
             _sealed(manager, X, 600_000, H1)
             peer = _created(manager, H2, Y, 600_000)
-            assert peer.sent == [m.ObjectCreated(7)]
+            assert peer.sent == [m.ObjectCreated(7, free=(1 << 20) - 600_000)]
             assert manager.store.state(X) == "SPILLED"
             assert os.path.exists(manager._spill_file(X))
             assert manager.store.stats()["used_bytes"] == 600_000  # Y's room, reserved
@@ -585,11 +585,12 @@ def test_a_new_object_waits_for_room_then_fails_saying_the_store_is_full(
     async def scenario() -> None:
         manager, _ = _manager(tmp_path)
         try:
-            assert _created(manager, H1, X, 600_000).sent == [m.ObjectCreated(7)]
+            granted = m.ObjectCreated(7, free=(1 << 20) - 600_000)  # and room left
+            assert _created(manager, H1, X, 600_000).sent == [granted]
             waiting = _created(manager, H2, Y, 600_000)  # X's room is not spillable
             assert waiting.sent == []
             manager.client_gone(H1, set())  # X's creator left without writing it
-            assert waiting.sent == [m.ObjectCreated(7)]
+            assert waiting.sent == [granted]
             late = _created(manager, H3, X, 600_000)
             await asyncio.sleep(0.2)
             (answer,) = late.sent
@@ -599,6 +600,42 @@ def test_a_new_object_waits_for_room_then_fails_saying_the_store_is_full(
             (answer,) = too_big.sent
             assert "does not fit in the object store" in answer.error
             assert manager.creating == []
+        finally:
+            manager.shutdown(None)
+
+    asyncio.run(scenario())
+
+
+def test_a_creation_waiting_for_room_gets_it_once_the_object_ahead_is_sealed(
+        tmp_path: Path) -> None:
+    async def scenario() -> None:
+        manager, _ = _manager(tmp_path)
+        try:
+            assert _created(manager, H1, X, 600_000).sent  # granted: X's room is reserved
+            waiting = _created(manager, H2, Y, 600_000)  # a reservation cannot be spilled
+            assert waiting.sent == []
+            _sealed(manager, X, 600_000, H1)  # sealed, X can be spilled: Y gets its room
+            assert [msg.error for msg in waiting.sent] == [""]
+            assert manager.store.state(X) == "SPILLED"
+        finally:
+            manager.shutdown(None)
+
+    asyncio.run(scenario())
+
+
+def test_a_creator_that_leaves_takes_what_it_wrote_with_it(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        manager, _ = _manager(tmp_path)
+        try:
+            assert _created(manager, H1, X, 600_000).sent  # granted
+            waiting = _created(manager, H1, Y, 600_000)  # not granted
+            assert waiting.sent == []
+            for object_id in (X, Y):  # both written, neither sealed
+                segment.write_segment(manager._segment(object_id), b"x" * 600_000, [])
+            manager.client_gone(H1, set())
+            assert not os.path.exists(manager._segment(X))
+            assert not os.path.exists(manager._segment(Y))
+            assert manager.store.stats()["used_bytes"] == 0
         finally:
             manager.shutdown(None)
 
