@@ -56,8 +56,7 @@ RAN = 1
 _COMPACT: dict[int, tuple[tuple[str, ...], dict[str, Any]]] = {
     SUBMITTED: (("task_id", "name", "job_id", "owner_id", "function_id", "submit_ts"),
                 {"status": "PENDING", "attempt": 0}),
-    RAN: (("task_id", "attempt", "status", "start_ts", "end_ts", "worker_pid", "node_id",
-           "name", "job_id"), {}),  # (named on its own: its submission may be trimmed)
+    RAN: (("task_id", "attempt", "status", "start_ts", "end_ts", "worker_pid", "node_id"), {}),
 }
 """tag -> (the fields that follow it, in order; the fields it implies)."""
 TaskRecordData = dict[str, Any] | tuple[Any, ...]
@@ -370,8 +369,8 @@ class ControlPlane:
     @_redis_errors
     def list_tasks(self, filters: dict[str, str] | None = None,
                    limit: int = 10000) -> list[dict[str, Any]]:
-        """Up to ``limit`` most recently submitted tasks matching ``filters``, oldest first
-        (a task whose submission was trimmed is listed from its outcome, by when it ran).
+        """Up to ``limit`` most recently submitted tasks matching ``filters``, oldest first;
+        a task whose submission record was trimmed is not listed (its outcome goes later).
 
         A filter matches when the field's JSON-friendly value, as ``str``, equals it
         (ids as hex, e.g. ``{"job_id": job.hex(), "status": "FINISHED"}``).
@@ -399,11 +398,11 @@ class ControlPlane:
         found = []
         for record in tasks.values():
             if "name" not in record:
-                continue  # only a part of its records is left: the rest was trimmed
+                continue  # its submission was trimmed: so is the task, for its readers
             task = to_jsonable(record)
             if _matches(task, filters):
                 found.append(task)
-        found.sort(key=lambda task: task.get("submit_ts", task.get("start_ts", 0.0)))
+        found.sort(key=lambda task: task.get("submit_ts", 0.0))
         return found[-limit:] if limit > 0 else []
 
     # -- objects ------------------------------------------------------------------

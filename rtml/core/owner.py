@@ -448,10 +448,9 @@ class TaskOwner:
 
 def _lineage(record: TaskRecord, msg: m.TaskResult) -> tuple[Any, ...]:
     """The outcome record of a task that ran (compact: see ``write_task_records``)."""
-    spec = record.spec
-    return (RAN, spec.task_id, spec.attempt,
+    return (RAN, record.spec.task_id, record.spec.attempt,
             "FAILED" if msg.returns and msg.returns[0].is_error else "FINISHED",
-            msg.start_ts, msg.end_ts, msg.worker_pid, msg.node_id, spec.name, spec.job_id)
+            msg.start_ts, msg.end_ts, msg.worker_pid, msg.node_id)
 
 
 def _in_store(msg: m.TaskResult) -> bool:

@@ -170,8 +170,7 @@ def test_compact_task_records_expand_and_merge_with_dicts(plane: ControlPlane) -
     # The two records an owner writes per task are tuples; the ran one may sort first.
     task, owner, node = b"\x16" * 16, b"\x05" * 16, b"\x06" * 16
     job = b"\x00\x00\x00\x09"
-    plane.write_task_records([(RAN, task, 0, "FINISHED", 2.0, 3.0, 4242, node, "f", job)],
-                             b"\x00" * 16)
+    plane.write_task_records([(RAN, task, 0, "FINISHED", 2.0, 3.0, 4242, node)], b"\x00" * 16)
     plane.write_task_records([(SUBMITTED, task, "f", job, owner, b"\xaa" * 20, 1.0),
                               [SUBMITTED, b"short"], (9, task)], b"\x01" * 16)
     [found] = [t for t in plane.list_tasks() if t["task_id"] == task.hex()]
