@@ -166,6 +166,7 @@ class ProtocolError(RtmlError):
 
 __all__ = [
     "ActorDiedError", "ActorError", "GetTimeoutError", "NodeDiedError", "ObjectLostError",
-    "ObjectStoreFullError", "OutOfDiskError", "OwnerDiedError", "ProtocolError", "RtmlError", "RtmlSystemError", "TaskCancelledError", "TaskError",
+    "ObjectStoreFullError", "OutOfDiskError", "OwnerDiedError", "ProtocolError", "RtmlError",
+    "RtmlSystemError", "TaskCancelledError", "TaskError",
     "WorkerCrashedError",
 ]

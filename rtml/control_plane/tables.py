@@ -353,18 +353,16 @@ class ControlPlane:
         removed. Nothing rebuilding objects needs lives here: an owner keeps its own
         lineage."""
         members: list[bytes] = self._client.execute("ZRANGE", self.keys.task_batches, 0, -1)
-        left = sum(int.from_bytes(m[-4:], "big") for m in members)
-        removed: list[bytes] = []
-        for member in members:
-            left -= int.from_bytes(member[-4:], "big")
-            if left < keep:
-                break
-            removed.append(member)
-        if not removed:
-            return 0
-        self._client.pipeline([("HDEL", self.keys.tasks, *[m[:-4] for m in removed]),
-                               ("ZREM", self.keys.task_batches, *removed)])
-        return sum(int.from_bytes(m[-4:], "big") for m in removed)
+        counts = [int.from_bytes(member[-4:], "big") for member in members]
+        left, removed = sum(counts), 0
+        while removed < len(members) and left - counts[removed] >= keep:
+            left -= counts[removed]
+            removed += 1
+        if removed:
+            gone = members[:removed]
+            self._client.pipeline([("HDEL", self.keys.tasks, *[m[:-4] for m in gone]),
+                                   ("ZREM", self.keys.task_batches, *gone)])
+        return sum(counts[:removed])
 
     @_redis_errors
     def list_tasks(self, filters: dict[str, str] | None = None,

@@ -377,11 +377,12 @@ class TaskOwner:
         the last of its returns."""
         lineage = self.lineage
         if lineage:
-            record = lineage.get(task_of(object_id))
+            task_id = task_of(object_id)
+            record = lineage.get(task_id)
             if record is not None:
                 entries = self.rt.store.entries
                 if not any(return_id in entries for return_id in record.return_ids):
-                    del lineage[task_of(object_id)]
+                    del lineage[task_id]
 
     def making(self, object_id: bytes) -> bool:
         """Whether ``object_id`` is a return of one of our tasks not yet settled (call it

@@ -53,24 +53,27 @@ class _Worker:
 
     def _run_job(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         name = getattr(fn, "__name__", fn)
-        delay = RETRY_CAP / 8
+        delay, away = RETRY_CAP / 8, False
         while True:
             try:
                 fn(*args)
-                if delay > RETRY_CAP / 8:
-                    log.warning("the control plane is back: writing the records kept")
-                return
             except Exception as exc:
                 if not unreachable(exc) or self.closing.is_set():
                     log.exception("control-plane write %s failed", name)
                     return
-                if delay == RETRY_CAP / 8:
+                if not away:
+                    away = True
                     log.warning("the control plane is away (%s); the head's records wait "
                                 "for it", exc)
-            if self.closing.wait(delay):
-                log.warning("control-plane write %s dropped at shutdown: Redis is away", name)
-                return
-            delay = min(delay * 2, RETRY_CAP)
+                if self.closing.wait(delay):
+                    log.warning("control-plane write %s dropped at shutdown: Redis is away",
+                                name)
+                    return
+                delay = min(delay * 2, RETRY_CAP)
+                continue
+            if away:
+                log.warning("the control plane is back: writing the records kept")
+            return
 
 
 class PlaneWrites:

@@ -199,17 +199,25 @@ class ObjectManager:
             creation.timer = self.loop.call_later(STORE_FULL_TIMEOUT, self._expired, creation)
 
     def _try_create(self, creation: _Creation) -> bool:
-        """Make room and reserve it; True once the creator has been answered."""
-        self.spill_error = ""
-        self.execute(self.store.make_room(creation.size))
-        if self.store.reserve(creation.object_id, creation.size, creation.creator):
-            creation.peer.send(m.ObjectCreated(creation.req_id, free=self.store.free_bytes))
-        elif self.spill_error:
-            creation.peer.send(m.ObjectCreated(
-                creation.req_id, f"{self._full(creation.size)}, and {self.spill_error}; "
-                f"the objects that could not be spilled stay in memory", out_of_disk=True))
-        else:
-            return False
+        """Reserve room, making it if need be; True once the creator has been answered.
+        Short of room, the objects released this loop turn are collected first (at its
+        end: a hold arriving in the same turn still wins), and their room counts before
+        anything is spilled."""
+        store = self.store
+        if not store.reserve(creation.object_id, creation.size, creation.creator):
+            if store.has_candidates():
+                self.schedule_collect()
+                return False
+            self.spill_error = ""
+            self.execute(store.make_room(creation.size))
+            if not store.reserve(creation.object_id, creation.size, creation.creator):
+                if not self.spill_error:
+                    return False
+                creation.peer.send(m.ObjectCreated(
+                    creation.req_id, f"{self._full(creation.size)}, and {self.spill_error}; "
+                    f"the objects that could not be spilled stay in memory", out_of_disk=True))
+                return True
+        creation.peer.send(m.ObjectCreated(creation.req_id, free=store.free_bytes))
         return True
 
     def _retry_creations(self) -> None:
@@ -595,9 +603,8 @@ class ObjectManager:
 
     def _collect(self) -> None:
         self._collect_scheduled = False
-        deletes = self.store.collect()
-        self.execute(deletes)
-        if deletes and self.creating:
+        self.execute(self.store.collect())
+        if self.creating:
             self._retry_creations()
 
     def execute(self, commands: list[Any], owner_died: bool = False) -> None:

@@ -9,8 +9,8 @@ behind it, and says when the node-level hold must be added or dropped::
     client ReleaseHolds / ReleaseHolder  --> release() / release_holder()
                                          --> {A: ids no longer held here}
                                                          --> ReleaseHolds(ids, holder=this node) to A
-    node A died --> node_died(A) --> ids forgotten, with their holders (a copy here may
-                                     become the primary, held by them)
+    node A died --> node_died(A) --> ids forgotten, with their holders
+                                     (a copy here may become the primary, held by them)
 """
 
 from __future__ import annotations

@@ -206,6 +206,14 @@ class StoreCore:
         commands += self._make_room(0, exclude=object_id)
         return commands
 
+    def has_candidates(self) -> bool:
+        """Whether :meth:`collect` would delete an object now (one released since)."""
+        for object_id in self._candidates:
+            entry = self._entries.get(object_id)
+            if entry is not None and not entry.holders and entry.state in (SEALED, SPILLED):
+                return True
+        return False
+
     def make_room(self, size: int) -> list[Command]:
         """Spill least-recently-used objects until ``size`` more bytes fit (as far as
         spilling can), for an object about to be created; then :meth:`reserve`."""

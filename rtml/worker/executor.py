@@ -158,7 +158,7 @@ class Executor:
         except _Failed as failed:
             returns = self._error_returns(spec, failed.payload)
         except ObjectStoreFullError as exc:  # no room for its return: the error itself
-            returns = self._error_returns(spec, serialize(StoredError(exc)).to_payload(True))
+            returns = self._error_returns(spec, _stored_error(exc))
         except (Exception, asyncio.CancelledError) as exc:  # cancelled: a TaskError, as Ray
             returns = self._exception_returns(spec, exc)
         finally:
@@ -191,7 +191,7 @@ class Executor:
         except _Failed as failed:
             returns = self._error_returns(spec, failed.payload)
         except ObjectStoreFullError as exc:
-            returns = self._error_returns(spec, serialize(StoredError(exc)).to_payload(True))
+            returns = self._error_returns(spec, _stored_error(exc))
         except Exception as exc:
             returns = self._exception_returns(spec, exc)
         return self._result(spec, returns, start)
@@ -246,7 +246,7 @@ class Executor:
             raise
         except ObjectLostError as exc:  # its owner may rebuild it, and push the task again
             lost = ObjectLostError(f"an argument of this task is lost: {exc}", arg.object_id)
-            raise _Failed(serialize(StoredError(lost)).to_payload(is_error=True)) from None
+            raise _Failed(_stored_error(lost)) from None
         if isinstance(value, StoredError):
             raise _Failed(serialize(value).to_payload(is_error=True))
         return value
@@ -278,10 +278,9 @@ class Executor:
 
     def _let_go(self, spec: m.TaskSpec, returns: list[m.ReturnObject]) -> None:
         """Release what storing ``returns`` held for their owner (see _store_return)."""
-        local = spec.owner_node in (b"", self.rt.node_id)
         in_store = [ret.object_id for ret in returns if ret.value is None]
         if in_store:
-            self.rt.nm.send(m.ReleaseHolds(in_store, spec.owner_id if local else spec.owner_node))
+            self.rt.nm.send(m.ReleaseHolds(in_store, self._holder(spec)))
         for ret in returns:
             if ret.contained:
                 self.rt.nm.send(m.ReleaseHolder(ret.object_id))
@@ -293,20 +292,23 @@ class Executor:
         size = ser.size
         if size <= INLINE_MAX:
             return m.ReturnObject(object_id, ser.to_payload(), size, contained=bool(ser.contained))
-        local = spec.owner_node in (b"", self.rt.node_id)
-        size = self.rt.write_shared(object_id, ser,
-                                    holder=spec.owner_id if local else spec.owner_node)
+        size = self.rt.write_shared(object_id, ser, holder=self._holder(spec))
         return m.ReturnObject(object_id, None, size)
+
+    def _holder(self, spec: m.TaskSpec) -> bytes:
+        """Who holds a return stored here: its owner, or the manager of the owner's node
+        (which stands in for it, when it is on another node)."""
+        return spec.owner_id if spec.owner_node in (b"", self.rt.node_id) else spec.owner_node
 
     def _exception_returns(self, spec: m.TaskSpec,
                            exc: BaseException) -> tuple[m.ReturnObject, ...]:
         error = exc if isinstance(exc, TaskError) else self.rt.task_error(spec.name, exc)
         try:
-            payload = serialize(StoredError(error)).to_payload(True)
+            payload = _stored_error(error)
         except TypeError as unpicklable:  # the user's exception does not pickle: keep its text
             plain = TaskError(spec.name, f"{error.traceback_text}\n(the exception itself could "
                               f"not be pickled: {unpicklable})", None, error.pid, error.node_id)
-            payload = serialize(StoredError(plain)).to_payload(True)
+            payload = _stored_error(plain)
         # The frames' locals (refs among them) would live until a collection of the
         # cycle through the traceback, which an idle worker may never run: the holds
         # they keep would outlive the task.
@@ -317,7 +319,7 @@ class Executor:
                              exc: BaseException) -> tuple[m.ReturnObject, ...]:
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         error = TaskError(spec.name, text, None, os.getpid(), self.rt.node_id.hex())
-        return self._error_returns(spec, serialize(StoredError(error)).to_payload(True))
+        return self._error_returns(spec, _stored_error(error))
 
     def _error_returns(self, spec: m.TaskSpec,
                        payload: m.Payload) -> tuple[m.ReturnObject, ...]:
@@ -330,7 +332,7 @@ class Executor:
 
     def _cancelled(self, spec: m.TaskSpec, start: float) -> m.TaskResult:
         error = TaskCancelledError(f"task {spec.name!r} was cancelled")
-        payload = serialize(StoredError(error)).to_payload(True)
+        payload = _stored_error(error)
         result = self._result(spec, self._error_returns(spec, payload), start)
         result.cancelled = True
         return result
@@ -411,6 +413,11 @@ class Executor:
         threading.Thread(target=run, name="rtml-actor-loop", daemon=True).start()
         ready.wait()
         self.loop = loop
+
+
+def _stored_error(error: BaseException) -> m.Payload:
+    """An error as a task's return value (``get`` raises it)."""
+    return serialize(StoredError(error)).to_payload(is_error=True)
 
 
 def return_ids(spec: m.TaskSpec) -> list[bytes]:

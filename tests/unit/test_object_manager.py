@@ -640,3 +640,25 @@ def test_a_creator_that_leaves_takes_what_it_wrote_with_it(tmp_path: Path) -> No
             manager.shutdown(None)
 
     asyncio.run(scenario())
+
+
+def test_room_released_in_the_same_turn_is_used_before_anything_is_spilled(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_space(source: str, destination: str) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    async def scenario() -> None:
+        manager, _ = _manager(tmp_path)
+        try:
+            _sealed(manager, X, 600_000, H1)
+            monkeypatch.setattr(segment, "copy_file", no_space)  # the disk is full
+            manager.release_holds(m.ReleaseHolds([X], H1))  # freed, collected at turn's end
+            waiting = _created(manager, H2, Y, 600_000)
+            assert waiting.sent == []  # not "out of disk": X's room comes first
+            manager._collect()
+            assert [msg.error for msg in waiting.sent] == [""]
+            assert not manager.store.contains(X)
+        finally:
+            manager.shutdown(None)
+
+    asyncio.run(scenario())

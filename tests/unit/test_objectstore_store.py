@@ -428,3 +428,15 @@ def test_an_object_whose_spill_failed_stays_sealed_and_counted() -> None:
     assert not store.reserve(C, 100, CLIENT)
     assert store.make_room(100) == [Spill(B, 100)]  # A was just put back: spilled last
     assert store.wait(A, 1) == [NotifyReady(A, (1,))]
+
+
+def test_has_candidates_says_whether_collect_would_delete_something() -> None:
+    store = StoreCore(capacity=300)
+    store.seal(A, 100, CLIENT)
+    store.seal(B, 100, CLIENT)
+    store.add_holds([B], OTHER)
+    assert not store.has_candidates()
+    store.release_holds([A, B], CLIENT)  # B is still held by OTHER
+    assert store.has_candidates()
+    assert store.collect() == [Delete(A, spilled=False)]
+    assert not store.has_candidates()
