@@ -24,6 +24,7 @@ back-reference to it:
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 import itertools
 import logging
 import os
@@ -113,7 +114,7 @@ class ClientRuntime:
         self.reactor.expecting = self.submitter.has_queued
         self._req_ids = itertools.count(1)
         self._replies: dict[int, Callable[[Any], None]] = {}
-        self._exported: set[bytes] = set()
+        self.exported: dict[bytes, bytes] = {}  # function id -> blob, for workers that ask
         self.functions: dict[bytes, Any] = {}
         self.on_worker_message = on_worker_message
         self._lends_cpu = config.role == "worker"
@@ -820,15 +821,31 @@ class ClientRuntime:
 
     def export_function(self, function_id: bytes, blob: bytes) -> None:
         """Store a function for the workers to load; while Redis is away it waits in the
-        writer, and workers wait for it (:meth:`fetch_function`)."""
-        if function_id not in self._exported:
+        writer, and the owner sends it to a worker that asks (FunctionWanted)."""
+        if function_id not in self.exported:
             try:
                 self.plane.export_function(function_id, blob)
             except RtmlSystemError as exc:
                 if not unreachable(exc):
                     raise
                 self.writer.submit_function(function_id, blob)
-            self._exported.add(function_id)
+            self.exported[function_id] = blob
+
+    def stored_function(self, function_id: bytes) -> bytes | None:
+        """A function exported by some owner, if the control plane has it now (None: not
+        yet, or Redis is away). A body that is not its id's (the id is its hash) is taken
+        as none: whoever can write to Redis cannot plant code under an id."""
+        try:
+            blob = self.plane.fetch_function(function_id)
+        except RtmlSystemError as exc:
+            if not unreachable(exc):
+                raise
+            return None
+        if blob is not None and hashlib.sha1(blob).digest() != function_id:
+            log.warning("the control plane holds a body for function %s that is not that "
+                        "function's (its hash differs): not loaded", function_id.hex())
+            return None
+        return blob
 
     def fetch_function(self, function_id: bytes) -> bytes:
         """A function exported by some owner, waiting up to the head timeout for it while
@@ -837,18 +854,13 @@ class ClientRuntime:
         deadline = time.monotonic() + self.config.head_timeout
         delay = 0.05
         while True:
-            try:
-                blob = self.plane.fetch_function(function_id)
-                why = "it is not in the control plane"
-            except RtmlSystemError as exc:
-                if not unreachable(exc):
-                    raise
-                blob, why = None, str(exc)
+            blob = self.stored_function(function_id)
             if blob is not None:
                 return blob
             if time.monotonic() + delay > deadline:
                 raise RtmlError(f"function {function_id.hex()} could not be loaded within "
-                                f"{self.config.head_timeout:g} s: {why}")
+                                f"{self.config.head_timeout:g} s: the control plane does not "
+                                f"have it (or not a body of that id), or its Redis is away")
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
 

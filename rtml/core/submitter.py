@@ -6,6 +6,7 @@
     LeaseSpillback(node) -> RequestLease(spilled) to that node's manager (TCP)
     LeaseGranted -> connect to the worker ------+
     TaskResults  -> store returns, wake getters, push the next queued tasks (per read)
+    FunctionWanted -> PushFunction (once per worker), the task queued again free
     worker gone  -> retry in-flight tasks (max_retries) or fail them
 
 Leases are kept while tasks of their shape keep coming and handed back after
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rtml.config import LEASE_IDLE_TIMEOUT
-from rtml.exceptions import TaskCancelledError, WorkerCrashedError
+from rtml.exceptions import RtmlError, TaskCancelledError, WorkerCrashedError
 from rtml.rpc import messages as m
 from rtml.rpc.reactor import Connection
 from rtml.scheduler.resources import Shape
@@ -75,6 +76,7 @@ class LeasedWorker:
     solo: int = 0  # in-flight tasks pushed alone
     idle_since: float = 0.0
     timer_armed: bool = False
+    functions_sent: set[bytes] = field(default_factory=set)  # answers to FunctionWanted
 
 
 class RunTimes:
@@ -286,18 +288,22 @@ class TaskSubmitter:
         rt = self.rt
         worker: LeasedWorker = conn.context
         done: list[tuple[TaskRecord, m.TaskResult]] = []
+        failed: list[tuple[TaskRecord, BaseException]] = []
         matched = 0
         with rt.lock:
             queue = self.queues[worker.key]
             inflight = worker.inflight
             run_times = queue.run_times
+            wanted: list[TaskRecord] = []
             for msg in msgs:
-                record = (inflight.pop(msg.task_id, None) if isinstance(msg, m.TaskResult)
-                          else None)
+                record = inflight.pop(msg.task_id, None)
                 if record is None:
                     continue
                 matched += 1
                 worker.solo -= record.solo
+                if type(msg) is m.FunctionWanted:  # it did not run
+                    self._function_wanted(worker, record, msg.function_id, wanted, failed)
+                    continue
                 if not msg.cancelled:  # a cancelled run's length says nothing of the function's
                     run_times.record(record.spec.function_id, msg.end_ts - msg.start_ts)
                 if (record.retry_exceptions and not record.cancelled
@@ -308,8 +314,12 @@ class TaskSubmitter:
                     done.append((record, msg))
             if not matched:
                 return
-            spread = queue.strategy == SPREAD
-            if spread:  # one task per lease, so that each is placed on its own
+            if wanted:
+                queue.tasks.extendleft(reversed(wanted))  # ahead of the rest, in their order
+            # One task per lease under SPREAD, so that each is placed on its own; but a
+            # worker that asked for a function keeps its lease for the task it asked for.
+            spread = queue.strategy == SPREAD and not wanted
+            if spread:
                 queue.workers.remove(worker)
             self._pump(worker.key, queue)
             if not spread and not inflight and not queue.tasks:
@@ -318,6 +328,28 @@ class TaskSubmitter:
             self._retire(worker)
         if done:
             rt.owner.complete_tasks(done)
+        for record, error in failed:
+            rt.owner.fail_task(record, error)
+
+    def _function_wanted(self, worker: LeasedWorker, record: TaskRecord, function_id: bytes,
+                         wanted: list[TaskRecord],
+                         failed: list[tuple[TaskRecord, BaseException]]) -> None:
+        """A worker could not load a task's function (Redis is away, or our export waits
+        for it): send it ours, once per worker, and queue the task again, free (the task
+        follows the function on that connection, wherever it is pushed next)."""
+        blob = self.rt.exported.get(function_id)
+        if record.cancelled:
+            failed.append((record, TaskCancelledError(
+                f"task {record.spec.name!r} was cancelled")))
+        elif blob is None:
+            failed.append((record, RtmlError(
+                f"task {record.spec.name!r}: its function {function_id.hex()} is neither in "
+                f"the control plane nor exported by this process")))
+        else:
+            if function_id not in worker.functions_sent:
+                worker.functions_sent.add(function_id)
+                worker.conn.send(m.PushFunction(function_id, blob))
+            wanted.append(record)
 
     def _arm_idle(self, worker: LeasedWorker) -> None:
         worker.idle_since = time.monotonic()

@@ -94,6 +94,8 @@ from rtml.rpc.protocols.node import (
 )
 from rtml.rpc.protocols.task import (
     CancelCall,
+    FunctionWanted,
+    PushFunction,
     PushTask,
     TaskResult,
 )
@@ -114,6 +116,7 @@ __all__ = [
     "CreateActor",
     "CreateObject",
     "FlushOutput",
+    "FunctionWanted",
     "FenceHolds",
     "GetActorInfo",
     "GetClusterInfo",
@@ -146,6 +149,7 @@ __all__ = [
     "ObjectsFreed",
     "PROTOCOL_VERSION",
     "Payload",
+    "PushFunction",
     "PushTask",
     "RegisterJob",
     "RegisterNode",

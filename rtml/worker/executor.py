@@ -67,9 +67,17 @@ class _Failed(Exception):
         self.payload = payload
 
 
+class _Wanted(Exception):
+    """A task's function is not in the control plane now: its owner is asked for it."""
+
+    def __init__(self, function_id: bytes) -> None:
+        self.function_id = function_id
+
+
 class Executor:
     def __init__(self, rt: ClientRuntime) -> None:
         self.rt = rt
+        self.pushed: dict[bytes, bytes] = {}  # functions owners sent, until first loaded
         self.current: bytes | None = None
         self.current_job = b""  # whose task last ran here: its drivers get our output
         self.cancelled: set[bytes] = set()
@@ -167,7 +175,7 @@ class Executor:
 
     # -- one task ----------------------------------------------------------------------------
 
-    def execute(self, spec: m.TaskSpec) -> m.TaskResult:
+    def execute(self, spec: m.TaskSpec) -> m.TaskResult | m.FunctionWanted:
         start = time.time()
         if spec.gpu_ids != self.visible_gpus and self.actor is None:  # an actor keeps its own
             set_visible_gpus(spec.gpu_ids)
@@ -188,6 +196,8 @@ class Executor:
         except TaskCancelledError:
             self.cancelled.discard(spec.task_id)
             return self._cancelled(spec, start)
+        except _Wanted as wanted:  # it did not run: its owner sends the function, then it
+            return m.FunctionWanted(spec.task_id, wanted.function_id)
         except _Failed as failed:
             returns = self._error_returns(spec, failed.payload)
         except ObjectStoreFullError as exc:
@@ -205,7 +215,7 @@ class Executor:
                 raise RtmlError(f"this worker is not actor {spec.actor_id.hex()}")
             function = self.methods.get(spec.method) or self._method(spec.method)
         else:
-            function = self.function(spec.function_id)
+            function = self.function(spec.function_id, ask_owner=True)
         if not spec.args:
             return function, (), _NO_KWARGS
         values = [self._arg(arg) for arg in spec.args]
@@ -227,13 +237,27 @@ class Executor:
         self.methods[name] = method
         return method
 
-    def function(self, function_id: bytes) -> Any:
-        """The exported function or class ``function_id``, fetched once and cached."""
+    def function(self, function_id: bytes, *, ask_owner: bool) -> Any:
+        """The exported function or class ``function_id``, loaded once and cached: as its
+        owner sent it, else from the control plane. A task's function that Redis does not
+        have now (away, or the owner's export still waits for it) is asked of its owner
+        (``ask_owner``: raises _Wanted); an actor's class is waited for."""
         function = self.rt.functions.get(function_id)
         if function is None:
-            blob = self.rt.fetch_function(function_id)
+            blob = self.pushed.get(function_id)
+            if blob is None:
+                blob = (self.rt.stored_function(function_id) if ask_owner
+                        else self.rt.fetch_function(function_id))
+            if blob is None:
+                raise _Wanted(function_id)
             function = self.rt.functions[function_id] = cloudpickle.loads(blob)
+            self.pushed.pop(function_id, None)
         return function
+
+    def define(self, function_id: bytes, blob: bytes) -> None:
+        """An owner sent the function a task of its asked for (loaded when the task comes
+        again, so that an error loading it is that task's)."""
+        self.pushed[function_id] = blob
 
     def _arg(self, arg: m.TaskArg) -> Any:
         if arg.value is not None:
@@ -381,7 +405,7 @@ class Executor:
             if path not in sys.path:
                 sys.path.insert(0, path)
         try:
-            cls = self.function(spec.class_id)
+            cls = self.function(spec.class_id, ask_owner=False)
             values = [self._arg(arg) for arg in spec.args]
             split = len(values) - len(spec.kwarg_names)
             self.instance = cls(*values[:split], **dict(zip(spec.kwarg_names, values[split:],

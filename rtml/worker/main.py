@@ -5,6 +5,7 @@ with ``python -m``.
     node manager --spawns--> worker
     worker --Hello(role=worker)--> node manager; --WorkerListening(address)--> node manager
     owners --Hello--> worker's Unix socket --PushTask--> Executor (main thread)
+                                           --PushFunction--> (a function it asked for)
 
 The main thread runs the task server (a reactor) and executes tasks inline;
 the client runtime (nested submissions, get, put) runs its own I/O thread.
@@ -84,6 +85,8 @@ class TaskServer:
             self.executor.push(conn, msg.spec)
         elif type(msg) is m.CancelCall:
             self.executor.cancel_call(msg.task_id)
+        elif type(msg) is m.PushFunction:
+            self.executor.define(msg.function_id, msg.blob)
         else:
             log.warning("unexpected %s from an owner", type(msg).__name__)
 

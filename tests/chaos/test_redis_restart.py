@@ -1,7 +1,7 @@
 """Redis that dies is started again on its port from its append-only file, and nothing
 is lost meanwhile (issue 16, item 2): lineage, actor records and job ends wait for it;
-a function exported during the outage reaches the workers; actors created, restarted or
-ended during it are. Embedded (the driver's keeper thread restarts Redis; the outage is
+a function exported during the outage reaches the workers at once (its owner sends it);
+actors created, restarted or ended during it are. Embedded (the driver's keeper thread restarts Redis; the outage is
 stretched to 3 s by delaying the restart) and under ``rtml start --head`` (the
 supervisor daemon restarts it; ``rtml stop`` stops the new one). A Redis the user runs
 (``--redis-address``) is used as it is: rtml starts, restarts and stops none."""
@@ -100,10 +100,11 @@ def test_work_goes_on_through_a_redis_outage_and_nothing_is_lost(
     named = Counter.options(name="made-in-the-outage").remote()
     os.kill(first_pid, signal.SIGKILL)  # an actor restarts while Redis is away
     assert rtml.get(refs, timeout=60) == [i * i for i in range(2000)]
+    # The new function's workers got it from its owner: Redis had not seen it yet.
+    assert rtml.get(cubes, timeout=60) == 27
     assert not slow_restart.is_set()  # tasks ran on while Redis was away
     assert time.monotonic() - start < OUTAGE
-    # A fresh worker (the new function's, the actors') loads its code once Redis is back.
-    assert rtml.get(cubes, timeout=60) == 27
+    # The actors' fresh workers load their class once Redis is back.
     assert rtml.get(named.add.remote(), timeout=60) == 1
     assert rtml.get(restarted.add.remote(), timeout=60) == 1  # a fresh instance
     assert before == [i * i for i in range(100)]

@@ -14,6 +14,9 @@ import numpy as np
 import pytest
 
 import rtml
+from rtml.core import context
+from rtml.core.remote_function import RemoteFunction
+from rtml.core.runtime import ClientRuntime
 from rtml.exceptions import GetTimeoutError, TaskCancelledError, TaskError
 
 pytestmark = pytest.mark.usefixtures("cluster")
@@ -527,3 +530,35 @@ def test_an_object_ref_built_with_bad_arguments_raises_and_does_not_crash() -> N
                          timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["TypeError", "True"]
+
+
+def _function_key(fn: RemoteFunction) -> tuple[ClientRuntime, str]:
+    """The runtime and the Redis key of ``fn``, exported now (without running it)."""
+    rt = context.require_runtime()
+    function_id = fn._export(rt)
+    return rt, rt.plane.keys.function(function_id.hex())
+
+
+def test_a_function_redis_lacks_is_sent_by_its_owner_to_the_workers_that_ask() -> None:
+    @rtml.remote
+    def triple(x: int) -> int:
+        return 3 * x
+
+    rt, key = _function_key(triple)
+    assert rt.plane._client.execute("DEL", key) == 1  # as if the export still waited
+    assert rtml.get([triple.remote(i) for i in range(40)], timeout=60) == [
+        3 * i for i in range(40)]
+    assert rt.plane._client.execute("EXISTS", key) == 0
+
+
+def test_code_planted_under_a_functions_id_is_not_run() -> None:
+    import cloudpickle
+
+    @rtml.remote
+    def honest() -> str:
+        return "honest"
+
+    rt, key = _function_key(honest)
+    planted = cloudpickle.dumps(lambda: "planted")
+    rt.plane._client.execute("SET", key, planted)
+    assert rtml.get([honest.remote() for _ in range(8)], timeout=60) == ["honest"] * 8

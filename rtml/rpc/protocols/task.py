@@ -4,6 +4,10 @@
     owner <--TaskResult------ worker (small returns inline, large ones in shared memory)
     owner --CancelCall------> actor worker (a call already sent: skipped if not started; an
                               async method running gets asyncio.CancelledError)
+    owner <--FunctionWanted-- worker (the task's function is not in the control plane, or
+                              Redis is away: the task did not run)
+    owner --PushFunction----> worker (the function, from the owner's own export), then the
+                              task again, free
 """
 
 from __future__ import annotations
@@ -29,7 +33,17 @@ class CancelCall(Msg, tag=12):
     task_id: bytes
 
 
+class FunctionWanted(Msg, tag=13):
+    task_id: bytes
+    function_id: bytes
+
+
+class PushFunction(Msg, tag=14):
+    function_id: bytes
+    blob: bytes
+
+
 Message = (
-    PushTask | TaskResult | CancelCall
+    PushTask | TaskResult | CancelCall | FunctionWanted | PushFunction
 )
 """Every message of this protocol."""
