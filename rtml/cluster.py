@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 
 from rtml.config import DIE_WITH_PARENT_ENV, REDIS_PASSWORD_ENV, TOKEN_ENV, HeadConfig, NodeConfig
 from rtml.control_plane import ControlPlane, RedisAddress, RedisProcess, start_redis
+from rtml.control_plane.address import tls_text
+from rtml.control_plane.resp import AuthError
 from rtml.exceptions import ProtocolError, RtmlSystemError
 from rtml.ids import random_id
 from rtml.rpc import messages as m
@@ -311,7 +313,8 @@ def start_head_node(session: Session, token: str, node: NodeConfig, *, port: int
                               redis_pid=0 if die_with_parent or redis is None
                               else redis.proc.pid,
                               redis_user=redis_address.user,
-                              redis_password=redis_address.password)
+                              redis_password=redis_address.password,
+                              redis_tls=tls_text(redis_address.tls))
         if node_timeout is not None:
             head_cfg = HeadConfig(**{**head_cfg.__dict__, "node_timeout": node_timeout})
         if die_with_parent:
@@ -345,17 +348,19 @@ def _check_redis(address: RedisAddress, token: str) -> None:
     """A Redis of the user's answers and takes our login, or RtmlSystemError says not."""
     plane = ControlPlane.at(address, token)
     try:
-        reachable = plane.ping()
-    except RtmlSystemError as exc:  # it answered, refusing the login
-        user = f"user {address.user!r}" if address.user else "the default user"
-        raise RtmlSystemError(f"Redis at {address} rejected the login of {user}: check the "
-                              f"user and password in --redis-address ({exc.__cause__})"
-                              ) from None
+        plane.check()
+    except RtmlSystemError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, AuthError):
+            user = f"user {address.user!r}" if address.user else "the default user"
+            raise RtmlSystemError(f"Redis at {address} rejected the login of {user}: check "
+                                  f"the user and password in --redis-address ({cause})"
+                                  ) from None
+        tls = ", its TLS settings (rediss://...?ssl_ca_certs=...)" if address.tls else ""
+        raise RtmlSystemError(f"cannot reach Redis at {address} ({cause}): check the "
+                              f"address of --redis-address{tls} and that it runs") from None
     finally:
         plane.close()
-    if not reachable:
-        raise RtmlSystemError(f"cannot reach Redis at {address}: check the address of "
-                              f"--redis-address and that it runs")
 
 
 def _launch_supervisor(session: Session, cfg: HeadConfig,
@@ -379,7 +384,8 @@ def take_over_head(session: Session, token: str, head_address: str,
     listener = _bind(host, int(port))
     cfg = HeadConfig(str(session.root), token, redis_address.host, redis_address.port, host,
                      int(port), listen_fd=listener.fileno(), redis_pid=redis_pid,
-                     redis_user=redis_address.user, redis_password=redis_address.password)
+                     redis_user=redis_address.user, redis_password=redis_address.password,
+                     redis_tls=tls_text(redis_address.tls))
     launched = _launch_supervisor(session, cfg, listener)
     await_ready(launched, session)
     return launched.proc

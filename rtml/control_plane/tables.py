@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import os
+import ssl
 import time
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
@@ -181,19 +182,22 @@ class ControlPlane:
     """
 
     def __init__(self, host: str, port: int, password: str,
-                 namespace: str = DEFAULT_NAMESPACE, user: str = "") -> None:
+                 namespace: str = DEFAULT_NAMESPACE, user: str = "",
+                 tls: ssl.SSLContext | None = None) -> None:
         self.host = host
         self.port = port
         self.keys = Keys(namespace)
         self._client = RespClient(host, port, password, timeout=10.0, connect_timeout=5.0,
-                                  username=user)
+                                  username=user, tls=tls)
         self._delete_if_equal = Script(self._client, _DELETE_IF_EQUAL)
 
     @classmethod
     def at(cls, address: RedisAddress, token: str) -> ControlPlane:
         """The control plane at ``address``, logging in as its user, or with the cluster
-        token (rtml's own Redis)."""
-        return cls(address.host, address.port, address.password or token, user=address.user)
+        token (rtml's own Redis); over TLS for a rediss:// one (RtmlSystemError names a
+        TLS file that cannot be used)."""
+        return cls(address.host, address.port, address.password or token, user=address.user,
+                   tls=address.ssl_context())
 
     def __repr__(self) -> str:
         return f"ControlPlane({self.host}:{self.port}, namespace={self.keys.namespace!r})"
@@ -217,7 +221,7 @@ class ControlPlane:
             RtmlSystemError: Redis answered but refused the password.
         """
         try:
-            return self._ping()
+            return self.check()
         except RtmlSystemError as exc:
             if isinstance(exc.__cause__, AuthError):
                 raise
@@ -233,7 +237,9 @@ class ControlPlane:
         raise RespError("INFO memory has no used_memory line")
 
     @_redis_errors
-    def _ping(self) -> bool:
+    def check(self) -> bool:
+        """True if Redis answers; RtmlSystemError (its cause the client's error) if it
+        cannot be reached, times out, or refuses the login."""
         return bool(self._client.execute("PING"))
 
     def close(self) -> None:

@@ -44,6 +44,7 @@ import msgspec
 
 from rtml.config import HEARTBEAT_INTERVAL, HeadConfig
 from rtml.control_plane import BatchedWriter, ControlPlane, RedisAddress
+from rtml.control_plane.address import tls_from_text
 from rtml.head import actors as ad
 from rtml.head.writes import PlaneWrites
 from rtml.rpc import messages as m
@@ -81,7 +82,7 @@ class HeadService(Service):
         self.cfg = cfg
         self.token = cfg.token
         self.redis = RedisAddress(cfg.redis_host, cfg.redis_port, cfg.redis_user,
-                                  cfg.redis_password)
+                                  cfg.redis_password, tls_from_text(cfg.redis_tls))
         self.plane = ControlPlane.at(self.redis, cfg.token)
         self.events = BatchedWriter(self.plane, interval=EVENT_FLUSH_INTERVAL)
         self.writes = PlaneWrites()
