@@ -72,7 +72,7 @@ def _write_key(path: Path) -> ec.EllipticCurvePrivateKey:
 def _certificate(path: Path, subject: str, key: ec.EllipticCurvePrivateKey,
                  issuer: x509.Certificate | None, issuer_key: ec.EllipticCurvePrivateKey,
                  ca: bool) -> x509.Certificate:
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
     builder = (x509.CertificateBuilder().subject_name(name)
                .issuer_name(issuer.subject if issuer else name)
