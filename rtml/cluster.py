@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from rtml.config import DIE_WITH_PARENT_ENV, REDIS_PASSWORD_ENV, TOKEN_ENV, HeadConfig, NodeConfig
 from rtml.control_plane import ControlPlane, RedisAddress, RedisProcess, start_redis
 from rtml.control_plane.address import tls_text
-from rtml.control_plane.resp import AuthError
+from rtml.control_plane.resp import AuthError, RespConnectionError
 from rtml.exceptions import ProtocolError, RtmlSystemError
 from rtml.ids import random_id
 from rtml.rpc import messages as m
@@ -356,7 +356,11 @@ def _check_redis(address: RedisAddress, token: str) -> None:
             raise RtmlSystemError(f"Redis at {address} rejected the login of {user}: check "
                                   f"the user and password in --redis-address ({cause})"
                                   ) from None
-        tls = ", its TLS settings (rediss://...?ssl_ca_certs=...)" if address.tls else ""
+        tls = " (is it one that speaks TLS, for rediss://?)" if address.tls else ""
+        if isinstance(cause, RespConnectionError) and cause.timed_out:
+            raise RtmlSystemError(f"Redis at {address} did not answer in time ({cause}): "
+                                  f"check that --redis-address names a Redis this host can "
+                                  f"reach{tls}, and that it is not hung") from None
         raise RtmlSystemError(f"cannot reach Redis at {address} ({cause}): check the "
                               f"address of --redis-address{tls} and that it runs") from None
     finally:

@@ -22,7 +22,8 @@ from typing import Any
 
 from rtml.cli.options import CliError, session_of
 from rtml.config import STORE_RESOURCE
-from rtml.control_plane import ControlPlane, RedisAddress
+from rtml.control_plane import ControlPlane, RedisAddress, unreachable
+from rtml.exceptions import RtmlSystemError
 
 _GIB = float(1 << 30)
 _BYTE_RESOURCES = ("memory", STORE_RESOURCE)
@@ -44,10 +45,13 @@ def _control_plane(args: argparse.Namespace) -> tuple[ControlPlane, dict[str, An
         raise CliError(f"the record in {session.root} does not say where the control plane "
                        f"is; run this command with the head node's --session-dir")
     plane = ControlPlane.at(RedisAddress.from_info(record), token)
-    if not plane.ping():
-        raise CliError(f"cannot reach the control plane at {record['redis_host']}:"
-                       f"{record['redis_port']}; is the cluster running? (`rtml start "
-                       f"--head`)")
+    try:
+        plane.check()
+    except RtmlSystemError as exc:
+        if not unreachable(exc):
+            raise
+        plane.close()
+        raise CliError(f"the control plane: {exc}") from None
     return plane, record
 
 

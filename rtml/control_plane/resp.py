@@ -43,12 +43,16 @@ class AuthError(RespBaseError):
 class RespConnectionError(RespBaseError):
     """The connection could not be made, broke, or timed out.
 
-    ``maybe_applied`` is False only when nothing of the request reached the server.
+    ``maybe_applied`` is False only when nothing of the request reached the server;
+    ``timed_out`` says the server did not answer in time (hung, or not Redis), which
+    retrying at once does not mend.
     """
 
-    def __init__(self, message: str, maybe_applied: bool = True) -> None:
+    def __init__(self, message: str, maybe_applied: bool = True,
+                 timed_out: bool = False) -> None:
         super().__init__(message)
         self.maybe_applied = maybe_applied
+        self.timed_out = timed_out
 
 
 Arg = str | bytes | int | float
@@ -117,8 +121,10 @@ class RespClient:
                     self._drop()  # the stream is out of step; start afresh
                     if retry and attempt == 1 and not isinstance(exc, TimeoutError):
                         continue
-                    raise RespConnectionError(f"connection to {self.host}:{self.port} "
-                                              f"lost: {exc or type(exc).__name__}") from exc
+                    raise RespConnectionError(
+                        f"connection to {self.host}:{self.port} lost: "
+                        f"{exc or type(exc).__name__}",
+                        timed_out=isinstance(exc, TimeoutError)) from exc
                 except BaseException:  # e.g. KeyboardInterrupt mid-reply: out of step too
                     self._drop()
                     raise
@@ -151,7 +157,8 @@ class RespClient:
             sock.settimeout(self._timeout)
         except OSError as exc:  # ssl.SSLError too: a certificate refused, no TLS there
             raise RespConnectionError(f"cannot connect to {self.host}:{self.port}: {exc}",
-                                      maybe_applied=False) from exc
+                                      maybe_applied=False,
+                                      timed_out=isinstance(exc, TimeoutError)) from exc
         self._sock, self._reader = sock, hiredis.Reader(replyError=RespError)
         if self._password:
             try:
@@ -162,7 +169,8 @@ class RespClient:
             except (OSError, hiredis.ProtocolError) as exc:
                 self._drop()
                 raise RespConnectionError(f"cannot authenticate to {self.host}:{self.port}: "
-                                          f"{exc}", maybe_applied=False) from exc
+                                          f"{exc}", maybe_applied=False,
+                                          timed_out=isinstance(exc, TimeoutError)) from exc
             if isinstance(reply, RespError):
                 self._drop()
                 raise AuthError(str(reply))

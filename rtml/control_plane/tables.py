@@ -72,8 +72,9 @@ return 0
 """
 
 # Transient connection errors are retried briefly (2 ms doubling, ~0.25 s in all); callers
-# own longer outages. A wrong password is never retried: it will not get better. A write
-# that is not idempotent is retried only if it surely never reached Redis.
+# own longer outages. A wrong password is never retried: it will not get better; nor is a
+# request that timed out (a hung Redis: each try would wait the whole timeout again). A
+# write that is not idempotent is retried only if it surely never reached Redis.
 _RETRIES = 7
 _BACKOFF_BASE = 0.002
 _BACKOFF_CAP = 0.1
@@ -147,7 +148,8 @@ def _guarded(method: Callable[P, R], idempotent: bool) -> Callable[P, R]:
             try:
                 return method(*args, **kwargs)
             except RespConnectionError as exc:
-                if attempt == _RETRIES or (exc.maybe_applied and not idempotent):
+                if (attempt == _RETRIES or exc.timed_out
+                        or (exc.maybe_applied and not idempotent)):
                     raise plane._system_error(method.__name__, exc) from exc
             except RespBaseError as exc:  # AuthError, RespError: retrying will not help
                 raise plane._system_error(method.__name__, exc) from exc
@@ -207,6 +209,10 @@ class ControlPlane:
         if isinstance(exc, AuthError):
             return RtmlSystemError(f"{where} rejected the cluster password ({op}: {exc}); "
                                    f"connect with the password the cluster was started with")
+        if isinstance(exc, RespConnectionError) and exc.timed_out:
+            return RtmlSystemError(f"{where} did not answer in time ({op}: {exc}): is it "
+                                   f"hung (stopped, out of memory), out of reach, or not a "
+                                   f"Redis?")
         if isinstance(exc, RespConnectionError):
             return RtmlSystemError(f"cannot reach {where} ({op}: {exc}); check that the "
                                    f"head node is running and the address is right")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -195,14 +196,21 @@ def test_a_head_on_the_users_own_redis_starts_none_and_leaves_it_running(
 def test_a_bad_redis_address_is_refused_saying_why(users_redis: tuple[RedisProcess, str],
                                                     tmp_path: Path) -> None:
     server, url = users_redis
-    for address, why in ((url.replace("rtml-pw", "wrong"), "rejected the login of user 'rtml'"),
-                         (f"redis://{server.host}", "names no port"),
-                         (f"rediss://{server.host}:{server.port}", "TLS")):
-        refused = test_cli.rtml("start", "--head", "--port", str(test_cli._free_port()),
-                                "--session-dir", str(tmp_path / "refused"),
-                                "--redis-address", address, cwd=tmp_path)
-        assert refused.returncode != 0 and why in refused.stderr, refused.stderr
-        assert "--redis-address" in refused.stderr
+    hung = socket.create_server(("127.0.0.1", 0))  # takes connections, never answers
+    try:
+        for address, why in (
+                (url.replace("rtml-pw", "wrong"), "rejected the login of user 'rtml'"),
+                (f"redis://{server.host}", "names no port"),
+                (f"rediss://{server.host}:{server.port}", "speaks TLS"),
+                (f"redis://127.0.0.1:{hung.getsockname()[1]}", "did not answer in time")):
+            refused = test_cli.rtml("start", "--head", "--port", str(test_cli._free_port()),
+                                    "--session-dir", str(tmp_path / "refused"),
+                                    "--redis-address", address, cwd=tmp_path)
+            assert refused.returncode != 0 and why in refused.stderr, refused.stderr
+            assert "--redis-address" in refused.stderr
+            assert not (tmp_path / "refused" / "session.json").exists()
+    finally:
+        hung.close()
 
 
 def run_driver_through_head_kill(head: Head) -> None:

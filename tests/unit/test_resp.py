@@ -171,3 +171,40 @@ def test_a_broken_connection_is_resent_once_for_execute_never_for_pipeline(
         client.execute("INCR", "n", idempotent=False)
     assert client.execute("GET", "n") is None  # the server never ran them
     admin.close()
+
+
+def test_a_server_that_never_answers_times_out_once_and_is_not_retried() -> None:
+    from rtml.control_plane import ControlPlane
+    from rtml.exceptions import RtmlSystemError
+
+    hung = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        hung.settimeout(0.05)
+        while not stop.is_set():
+            try:
+                accepted.append(hung.accept()[0])
+            except TimeoutError:
+                pass
+
+    thread = threading.Thread(target=accept)
+    thread.start()
+    port = hung.getsockname()[1]
+    try:
+        client = RespClient("127.0.0.1", port, "pw", timeout=0.3)
+        with pytest.raises(RespConnectionError) as raised:
+            client.execute("PING")
+        assert raised.value.timed_out and "timed out" in str(raised.value)
+        plane = ControlPlane("127.0.0.1", port, "pw")
+        plane._client = RespClient("127.0.0.1", port, "pw", timeout=0.3)
+        with pytest.raises(RtmlSystemError, match="did not answer in time"):
+            plane.check()
+        assert len(accepted) == 2  # one connection each: a hung Redis is not asked again
+    finally:
+        stop.set()
+        thread.join()
+        hung.close()
+        for sock in accepted:
+            sock.close()
