@@ -27,9 +27,15 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from rtml.config import DIE_WITH_PARENT_ENV, REDIS_PASSWORD_ENV, TOKEN_ENV, HeadConfig, NodeConfig
-from rtml.control_plane import ControlPlane, RedisAddress, RedisProcess, start_redis
-from rtml.control_plane.address import tls_text
-from rtml.control_plane.resp import AuthError, RespConnectionError
+from rtml.control_plane import (
+    ControlPlane,
+    RedisAddress,
+    RedisProcess,
+    login_refused,
+    start_redis,
+    timed_out,
+    tls_text,
+)
 from rtml.exceptions import ProtocolError, RtmlSystemError
 from rtml.ids import random_id
 from rtml.rpc import messages as m
@@ -351,13 +357,13 @@ def _check_redis(address: RedisAddress, token: str) -> None:
         plane.check()
     except RtmlSystemError as exc:
         cause = exc.__cause__
-        if isinstance(cause, AuthError):
+        if login_refused(exc):
             user = f"user {address.user!r}" if address.user else "the default user"
             raise RtmlSystemError(f"Redis at {address} rejected the login of {user}: check "
                                   f"the user and password in --redis-address ({cause})"
                                   ) from None
         tls = " (is it one that speaks TLS, for rediss://?)" if address.tls else ""
-        if isinstance(cause, RespConnectionError) and cause.timed_out:
+        if timed_out(exc):
             raise RtmlSystemError(f"Redis at {address} did not answer in time ({cause}): "
                                   f"check that --redis-address names a Redis this host can "
                                   f"reach{tls}, and that it is not hung") from None

@@ -9,10 +9,18 @@ path, and :class:`Keys` names every key.
 
 from __future__ import annotations
 
-from rtml.control_plane.address import RedisAddress
+from rtml.control_plane.address import RedisAddress, tls_from_text, tls_text
 from rtml.control_plane.keys import Keys
 from rtml.control_plane.redis_server import RedisProcess, find_redis_server, start_redis
-from rtml.control_plane.tables import RAN, SUBMITTED, ControlPlane, location_field, unreachable
+from rtml.control_plane.tables import (
+    RAN,
+    SUBMITTED,
+    ControlPlane,
+    location_field,
+    login_refused,
+    timed_out,
+    unreachable,
+)
 from rtml.control_plane.writer import BatchedWriter
 
 __all__ = [
@@ -25,6 +33,10 @@ __all__ = [
     "RedisAddress",
     "RedisProcess",
     "find_redis_server",
+    "login_refused",
     "start_redis",
+    "timed_out",
+    "tls_from_text",
+    "tls_text",
     "unreachable",
 ]

@@ -166,6 +166,18 @@ def unreachable(exc: BaseException) -> bool:
     return isinstance(exc.__cause__, RespConnectionError)
 
 
+def timed_out(exc: BaseException) -> bool:
+    """Whether a ControlPlane error says Redis took the request but did not answer in
+    time (hung, out of reach, or not a Redis)."""
+    cause = exc.__cause__
+    return isinstance(cause, RespConnectionError) and cause.timed_out
+
+
+def login_refused(exc: BaseException) -> bool:
+    """Whether a ControlPlane error says Redis refused the user or password."""
+    return isinstance(exc.__cause__, AuthError)
+
+
 def _redis_errors(method: Callable[P, R]) -> Callable[P, R]:
     """An idempotent ControlPlane operation: connection errors retried, then RtmlSystemError."""
     return _guarded(method, idempotent=True)
@@ -229,7 +241,7 @@ class ControlPlane:
         try:
             return self.check()
         except RtmlSystemError as exc:
-            if isinstance(exc.__cause__, AuthError):
+            if login_refused(exc):
                 raise
             return False
 

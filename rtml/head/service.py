@@ -43,8 +43,7 @@ from typing import Any
 import msgspec
 
 from rtml.config import HEARTBEAT_INTERVAL, HeadConfig
-from rtml.control_plane import BatchedWriter, ControlPlane, RedisAddress
-from rtml.control_plane.address import tls_from_text
+from rtml.control_plane import BatchedWriter, ControlPlane, RedisAddress, tls_from_text
 from rtml.head import actors as ad
 from rtml.head.writes import PlaneWrites
 from rtml.rpc import messages as m
