@@ -25,6 +25,7 @@ from rtml.core.remote_function import RemoteFunction
 from rtml.core.runtime import ClientConfig, ClientRuntime
 from rtml.ids import new_job_id
 from rtml.rpc import messages as m
+from rtml.scheduler.resources import bad_amount
 from rtml.session import Session, default_session_dir, fresh_session_dir, new_token
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,7 @@ def init(address: str | None = None, *, num_cpus: float | None = None,
                                "or pass ignore_reinit_error=True")
         address = address or os.environ.get("RTML_ADDRESS") or None  # (set but empty: none)
         if address is None:
+            _check_node_resources(num_cpus, num_gpus, resources)
             session = Session(Path(fresh_session_dir()))
             token = new_token()
             node = NodeConfig(str(session.root), token, "",
@@ -130,6 +132,16 @@ def _restore_ctrl_c() -> None:
             and signal.getsignal(signal.SIGINT) is _sigint_handler):
         signal.signal(signal.SIGINT, signal.default_int_handler)
     _sigint_handler = None
+
+
+def _check_node_resources(num_cpus: Any, num_gpus: Any, resources: Any) -> None:
+    """``init``'s node amounts: finite numbers >= 0. Raises ValueError or TypeError."""
+    if resources is not None and not isinstance(resources, dict):
+        raise TypeError(f"resources must be a dict of name -> amount, got {resources!r}")
+    given = {"num_cpus": num_cpus, "num_gpus": num_gpus, **(resources or {})}
+    bad = bad_amount({name: amount for name, amount in given.items() if amount is not None})
+    if bad:
+        raise ValueError(f"init(): {bad}")
 
 
 def _join_info(address: str, token: str | None,

@@ -155,17 +155,3 @@ class WorkerConfig:
         fields = json.loads(text)
         return cls(**{**fields, "token": os.environ[TOKEN_ENV],
                       "worker_id": bytes.fromhex(fields["worker_id"])})
-
-
-def parse_resources(text: str | None) -> dict[str, float]:
-    """Parse ``--resources '{"name": 2}'``. Raises ValueError with a fix."""
-    if not text:
-        return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--resources must be a JSON object like '{{\"GPU_TYPE_A\": 1}}': {exc}") from None
-    if not isinstance(value, dict) or not all(
-            isinstance(v, (int, float)) and v >= 0 for v in value.values()):
-        raise ValueError("--resources must map names to non-negative numbers")
-    return {str(k): float(v) for k, v in value.items()}

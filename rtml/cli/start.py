@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -28,12 +29,13 @@ from typing import Any
 
 from rtml import cluster
 from rtml.cli.options import CliError, session_flag, session_of
-from rtml.config import NodeConfig, default_object_store_memory, parse_resources
+from rtml.config import NodeConfig, default_object_store_memory
 from rtml.control_plane import RedisAddress
 from rtml.daemon import pid_alive
 from rtml.exceptions import ProtocolError, RtmlSystemError
 from rtml.ids import random_id
 from rtml.rpc.client import FramedClient, make_hello
+from rtml.scheduler.resources import bad_amount
 from rtml.session import Session, default_session_dir, new_token, process_start_time
 
 STOP_TIMEOUT = 5.0
@@ -54,13 +56,14 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 def _node_config(args: argparse.Namespace, session: Session, token: str) -> NodeConfig:
     try:
-        resources = parse_resources(args.resources)
+        resources = _parse_resources(args.resources)
     except ValueError as exc:
         raise CliError(str(exc)) from None
     for flag in ("num_cpus", "num_gpus", "object_store_memory"):
         value = getattr(args, flag)
-        if value is not None and value < 0:
-            raise CliError(f"--{flag.replace('_', '-')} must be >= 0, got {value}")
+        if value is not None and bad_amount({flag: value}):
+            raise CliError(f"--{flag.replace('_', '-')} must be a finite number >= 0, got "
+                           f"{value}")
     num_cpus = float(os.cpu_count() or 1) if args.num_cpus is None else args.num_cpus
     store = args.object_store_memory or default_object_store_memory()
     node_ip = args.node_ip_address or cluster.detect_node_ip()
@@ -68,6 +71,23 @@ def _node_config(args: argparse.Namespace, session: Session, token: str) -> Node
         raise CliError(f"--node-ip-address {node_ip} is not an address of this machine")
     return NodeConfig(str(session.root), token, "", num_cpus, args.num_gpus or 0.0,
                       resources, store, node_ip=node_ip)
+
+
+def _parse_resources(text: str | None) -> dict[str, float]:
+    """Parse ``--resources '{"name": 2}'``. Raises ValueError with a fix."""
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--resources must be a JSON object like "
+                         f"'{{\"GPU_TYPE_A\": 1}}': {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError("--resources must be a JSON object of names to amounts")
+    bad = bad_amount(value)
+    if bad:
+        raise ValueError(f"--resources: {bad}")
+    return {str(k): float(v) for k, v in value.items()}
 
 
 def _start_head(args: argparse.Namespace, session: Session) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rtml.scheduler.resources import bad_amount
 from rtml.scheduler.strategy import DEFAULT, SPREAD, affinity
 
 TASK_OPTIONS = {"num_cpus", "num_gpus", "memory", "resources", "num_returns", "max_retries",
@@ -47,8 +48,8 @@ def check_options(options: dict[str, Any], allowed: set[str], what: str) -> dict
                          f"valid options are {sorted(allowed)}")
     for name in ("num_cpus", "num_gpus", "memory"):
         value = options.get(name)
-        if value is not None and (not isinstance(value, (int, float)) or value < 0):
-            raise ValueError(f"{name} must be a non-negative number, got {value!r}")
+        if value is not None and bad_amount({name: value}):
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
     num_returns = options.get("num_returns")
     if num_returns is not None and (not isinstance(num_returns, int) or num_returns < 0):
         raise ValueError(f"num_returns must be an int >= 0, got {num_returns!r}")
@@ -109,15 +110,15 @@ def _check_resources(resources: Any) -> None:
         return
     if not isinstance(resources, dict):
         raise TypeError(f"resources must be a dict of name -> amount, got {resources!r}")
-    for name, amount in resources.items():
+    for name in resources:
         if not isinstance(name, str):
             raise TypeError(f"resource names must be str, got {name!r}")
         if name in ("CPU", "GPU"):
             raise ValueError(f"use num_{name.lower()}=... for {name}, not resources="
                              f"{{{name!r}: ...}}")
-        if not isinstance(amount, (int, float)) or isinstance(amount, bool) or amount < 0:
-            raise ValueError(f"resource {name!r} must be a non-negative number, got "
-                             f"{amount!r}")
+    bad = bad_amount(resources)
+    if bad:
+        raise ValueError(bad)
 
 
 def _check_retry_exceptions(retry: Any) -> None:

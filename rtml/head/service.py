@@ -49,7 +49,7 @@ from rtml.head.writes import PlaneWrites
 from rtml.rpc import messages as m
 from rtml.rpc.server import Peer, Service
 from rtml.scheduler import placement as pl
-from rtml.scheduler.resources import fits
+from rtml.scheduler.resources import bad_amount, fits
 from rtml.scheduler.strategy import SPREAD, parse_affinity
 
 log = logging.getLogger(__name__)
@@ -179,6 +179,11 @@ class HeadService(Service):
         if msg.rejoin and msg.node_id in self.nodes:  # declared dead while it was away
             peer.send(m.Shutdown())
             return
+        bad = bad_amount(msg.resources)
+        if bad:
+            log.warning("refusing node %s at %s: %s", msg.node_id.hex(), msg.address, bad)
+            peer.send(m.Shutdown())
+            return
         view = pl.NodeView(msg.node_id, msg.address, msg.resources, dict(msg.resources),
                            last_heartbeat=time.monotonic())
         self.nodes[msg.node_id] = NodeState(view, peer, msg.session_dir, msg.transfer_address)
@@ -229,6 +234,10 @@ class HeadService(Service):
                 node.peer.send(table)
 
     def _heartbeat(self, peer: Peer, msg: m.NodeHeartbeat) -> None:
+        bad = bad_amount(msg.available)
+        if bad:
+            log.warning("ignoring a heartbeat of node %s: %s", msg.node_id.hex(), bad)
+            return
         self._decided(self.sched.heartbeat(msg.node_id, msg.available, time.monotonic()))
         self.writes.latest(("heartbeat", msg.node_id), self.plane.heartbeat, msg.node_id,
                            msg.available, msg.pending_shapes)
@@ -278,6 +287,10 @@ class HeadService(Service):
     def _spill_lease(self, peer: Peer, msg: m.SpillLease) -> None:
         origin = self._node_of(peer)
         if origin is None:
+            return
+        bad = bad_amount(msg.shape)
+        if bad:
+            peer.send(m.LeasePlaced(msg.req_id, b"", "", error=f"lease refused: {bad}"))
             return
         request = pl.Request(origin, msg.req_id, msg.shape, msg.strategy, msg.preferred_node,
                              msg.must_move)
@@ -365,6 +378,11 @@ class HeadService(Service):
     # -- actors ------------------------------------------------------------------------------
 
     def _create_actor(self, peer: Peer, msg: m.CreateActor) -> None:
+        bad = bad_amount(msg.spec.shape)
+        if bad:  # answered as dead (unasked too, as a creator waits for that)
+            peer.send(m.ActorInfo(msg.req_id, msg.spec.actor_id, "DEAD",
+                                  error=f"actor refused: {bad}"))
+            return
         if not msg.spec.namespace:  # created by a task or an actor: in its job's namespace
             msg.spec.namespace = self.namespaces.get(msg.spec.job_id, "")
         self._carry_out(self.actors.create(peer, msg.req_id, msg.spec, msg.get_if_exists))

@@ -26,7 +26,7 @@ from typing import Any
 
 from rtml.rpc import messages as m
 from rtml.scheduler.local import LocalScheduler
-from rtml.scheduler.resources import Shape, fits
+from rtml.scheduler.resources import Shape, bad_amount, fits
 from rtml.scheduler.strategy import SPREAD, parse_affinity
 
 
@@ -66,6 +66,9 @@ class LeaseRouter:
 
     def request(self, client: Any, msg: m.RequestLease, other_nodes: bool) -> list[Any]:
         """A client asks for a lease (``other_nodes``: the cluster has other live nodes)."""
+        bad = bad_amount(msg.shape)
+        if bad:  # (the API refuses it first: only a hand-made request gets here)
+            return [Reply(client, m.LeaseFailed(msg.req_id, f"lease refused: {bad}"))]
         feasible = self.sched.feasible(msg.shape)
         affinity = parse_affinity(msg.strategy)
         pinned_here = affinity is not None and affinity[0] == self.node_id

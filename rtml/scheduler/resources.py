@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+from typing import Any
+
 Shape = dict[str, float]
 _EPS = 1e-9
 
@@ -28,6 +32,20 @@ def shape_key(shape: Shape) -> tuple[tuple[str, float], ...]:
     return tuple(sorted((k, float(v)) for k, v in shape.items() if v))
 
 
+def bad_amount(shape: Mapping[Any, Any]) -> str:
+    """What is wrong with a shape ("" if nothing): every name a str, every amount a
+    finite number >= 0. A NaN compares false with everything (a node's accounting would
+    never give that resource again); a negative amount would add to it. Checked at the
+    API, and again where a shape arrives from the wire (node manager, head)."""
+    for name, amount in shape.items():
+        if not isinstance(name, str):
+            return f"resource names must be str, got {name!r}"
+        if (isinstance(amount, bool) or not isinstance(amount, int | float)
+                or not math.isfinite(amount) or amount < 0):
+            return f"resource {name!r} must be a finite number >= 0, got {amount!r}"
+    return ""
+
+
 def task_shape(num_cpus: float | None, num_gpus: float | None, memory: float | None,
                resources: dict[str, float] | None, default_cpus: float = 1.0) -> Shape:
     """Build a shape from task options. Raises ValueError on a negative amount."""
@@ -40,7 +58,7 @@ def task_shape(num_cpus: float | None, num_gpus: float | None, memory: float | N
         if name in ("CPU", "GPU"):
             raise ValueError(f"use num_cpus/num_gpus instead of resources={{{name!r}: ...}}")
         shape[name] = float(amount)
-    for name, amount in shape.items():
-        if amount < 0:
-            raise ValueError(f"resource {name!r} must be >= 0, got {amount}")
+    bad = bad_amount(shape)
+    if bad:
+        raise ValueError(bad)
     return shape
