@@ -5,7 +5,7 @@
     connect()  --> rtml.init(address=cluster.address) attached to one of the nodes
 
 Each node is its own process group with its own ports, session directory and
-shared-memory namespace, so nodes share nothing through the file system and
+store directory, so nodes share nothing through the file system and
 every object that moves between them crosses the network path (gRPC pulls).
 Nodes die with the process that made them; :meth:`Cluster.shutdown` stops them
 and removes their session directories.
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rtml import api, cluster
+from rtml import api, cluster, objectstore
 from rtml.config import NodeConfig, default_object_store_memory
 from rtml.session import Session, fresh_session_dir, new_token
 
@@ -132,7 +132,7 @@ class Cluster:
                 os.killpg(node.pgid, signal.SIGKILL)
             for proc in node.started.procs:
                 proc.wait()
-            _remove_segments(node.node_id)
+            objectstore.remove_store_dir(objectstore.store_dir_of(node.node_id))
         self.nodes.remove(node)
         if node is self.head_node:
             self.head_node = None
@@ -151,8 +151,3 @@ class Cluster:
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
-
-def _remove_segments(node_id: str) -> None:
-    """Shared-memory objects of a killed node (its namespace: the id's first 12 hex digits)."""
-    for path in Path("/dev/shm").glob(f"rtml-{node_id[:12]}-*"):
-        path.unlink(missing_ok=True)

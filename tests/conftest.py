@@ -10,8 +10,8 @@
   cluster with those arguments, and shuts it down after the test.
 
 Leak checks: after every module (once its cluster is shut down) and at the end
-of the session, no child process of pytest may remain and no ``/dev/shm/rtml-*``
-file of a node started by this run may remain.
+of the session, no child process of pytest may remain and no store directory
+(``/dev/shm/rtml-<node id>``) of a node started by this run may remain.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ EXIT_GRACE_S = 3.0
 INTEGRATION_DIR = str(Path(__file__).parent / "integration")
 
 _shm_at_start: set[str] = set()
-_store_namespaces: set[str] = set()  # object-store namespaces of every node this run started
+_node_ids: set[str] = set()  # of every node this run started
 
 
 def _shm_files() -> set[str]:
@@ -45,22 +45,21 @@ def _shm_files() -> set[str]:
 
 
 def record_nodes() -> None:
-    """Remember the store namespaces of the nodes of the current cluster (if any)."""
+    """Remember the ids of the nodes of the current cluster (if any)."""
     import rtml
     if not rtml.is_initialized():
         return
     try:
         for node in rtml.nodes():
-            _store_namespaces.add(str(node["NodeID"])[:12])
+            _node_ids.add(str(node["NodeID"]))
     except Exception:  # noqa: BLE001 - a broken cluster is reported by the test itself
         pass
 
 
 def _leaked_shm() -> set[str]:
-    """Segments created during this run by nodes this run started."""
+    """Store directories made during this run by nodes this run started."""
     new = _shm_files() - _shm_at_start
-    return {p for p in new
-            if os.path.basename(p).split("-")[1] in _store_namespaces}
+    return {p for p in new if os.path.basename(p).removeprefix("rtml-") in _node_ids}
 
 
 def _live_children() -> list[psutil.Process]:
@@ -95,7 +94,7 @@ def assert_no_leaks(where: str) -> None:
         except psutil.NoSuchProcess:
             pass
     assert not described, f"child processes left after {where}: {described}"
-    assert not shm, f"/dev/shm segments left after {where}: {sorted(shm)[:10]}"
+    assert not shm, f"object store directories left after {where}: {sorted(shm)[:10]}"
 
 
 def _shutdown() -> None:

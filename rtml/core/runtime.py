@@ -134,7 +134,7 @@ class ClientRuntime:
             self.nm, reply = open_connection(self.reactor, config.nm_address, hello,
                                              self._on_nm_message, self._on_nm_closed)
             self.node_id: bytes = reply.node_id
-            self.store_namespace = reply.info["store_namespace"]
+            self.store_dir = objectstore.check_store_dir(reply.info["store_dir"])
             hello.node_id = self.node_id
             self.head = HeadLink(self.reactor, config.head_address, hello,
                                  self._on_head_message, config.head_timeout,
@@ -439,7 +439,7 @@ class ClientRuntime:
 
         req_id = self.ask(self.nm, lambda rid: m.CreateObject(rid, object_id, ser.size),
                           answered)
-        path = objectstore.segment_path(self.store_namespace, object_id)
+        path = objectstore.segment_path(self.store_dir, object_id)
         written = False
         if 2 * ser.size > self._store_room:
             self._room_granted(req_id, done, box, path, written)
@@ -447,7 +447,7 @@ class ClientRuntime:
             size = objectstore.write_segment(path, ser.inband, ser.buffers)
             written = True
         except FileExistsError:  # an earlier attempt of the same task wrote it
-            size = os.stat(path).st_size
+            size = objectstore.existing_size(path)
         if not box:
             self._room_granted(req_id, done, box, path, written)
         self.nm.send(m.SealObject(object_id, size, holder))
@@ -489,7 +489,7 @@ class ClientRuntime:
 
     def promote(self, object_id: bytes, payload: Any) -> None:
         """Copy an inline value into shared memory so other processes can read it."""
-        path = objectstore.segment_path(self.store_namespace, object_id)
+        path = objectstore.segment_path(self.store_dir, object_id)
         try:
             size = objectstore.write_segment(path, payload.data, payload.buffers)
         except FileExistsError:
@@ -521,7 +521,7 @@ class ClientRuntime:
         and not on this node yet, wait for all of them at once and read each as it comes,
         raising the first failure then (not behind an earlier ref still being made).
         Returns the values read, by id; None when there is nothing to wait for."""
-        me, entries, ns = self.client_id, self.store.entries, self.store_namespace
+        me, entries, ns = self.client_id, self.store.entries, self.store_dir
         missing = [r for r in refs if r.owner != me and r.id not in entries
                    and not os.path.exists(objectstore.segment_path(ns, r.id))]
         if len(missing) < 2:
@@ -631,7 +631,7 @@ class ClientRuntime:
 
         ``node_id``: where its primary copy lives, if not on this node.
         """
-        path = objectstore.segment_path(self.store_namespace, object_id)
+        path = objectstore.segment_path(self.store_dir, object_id)
         try:
             inband, buffers = objectstore.read_segment(path)
         except FileNotFoundError:
@@ -669,7 +669,7 @@ class ClientRuntime:
             return _READY
         if ref.owner == self.client_id and self.owner.making(object_id):
             return _MAKING
-        if os.path.exists(objectstore.segment_path(self.store_namespace, object_id)):
+        if os.path.exists(objectstore.segment_path(self.store_dir, object_id)):
             return _READY
         return _ABSENT
 
@@ -795,7 +795,7 @@ class ClientRuntime:
         """An owned result that lives only on another node so far."""
         location = self.refs.locations.get(object_id)
         return bool(location) and location != self.node_id and not os.path.exists(
-            objectstore.segment_path(self.store_namespace, object_id))
+            objectstore.segment_path(self.store_dir, object_id))
 
     def _await_here(self, object_id: bytes, owner: bytes,
                     callback: Callable[[bytes], Any]) -> Callable[[], None]:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rtml import objectstore
 from rtml.config import HEARTBEAT_INTERVAL, STORE_RESOURCE, NodeConfig, WorkerConfig
 from rtml.control_plane import ControlPlane, RedisAddress
 from rtml.daemon import (
@@ -79,10 +80,10 @@ class NodeManager(Service):
         self.cfg = cfg
         self.token = cfg.token
         self.session = Session(Path(cfg.session_dir))
-        # The id starts with our pid, so the store namespace (its first 12 hex digits)
-        # tells a later node manager whether the segments' owner is still alive.
+        # The id starts with our pid, so the name of our store directory (the id in hex)
+        # tells a later node manager whether its owner is still alive.
         self.node_id = os.getpid().to_bytes(4, "big") + random_id(12)
-        self.namespace = self.node_id.hex()[:12]
+        self.store_dir = objectstore.store_dir_of(self.node_id.hex())
         self.sched = LocalScheduler(cfg.total_resources(), self._pool_size())
         self.workers: dict[bytes, WorkerProc] = {}
         self.actor_specs: dict[bytes, m.ActorSpec] = {}
@@ -97,7 +98,7 @@ class NodeManager(Service):
         self.other_nodes: set[bytes] = set()
         self.leases = LeaseRouter(self.node_id, self.sched, _worker_of)
         self.links = NodeLinks(make_hello(self.token, "node", self.node_id), self._link_answer)
-        self.objects = ObjectManager(self.node_id, self.namespace, str(self.session.spill),
+        self.objects = ObjectManager(self.node_id, self.store_dir, str(self.session.spill),
                                      cfg.object_store_memory, self.token, self.links,
                                      self._end_actor)
         self.launcher = WorkerLauncher(zygote, self._worker_gone)
@@ -121,7 +122,8 @@ class NodeManager(Service):
     # -- startup -----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        sweep_orphaned_segments()
+        sweep_orphaned_stores()
+        objectstore.create_store_dir(self.node_id.hex())
         await self.launcher.start()
         loop = asyncio.get_running_loop()
         self.server = await loop.create_unix_server(protocol_factory(self), self.unix_path)
@@ -237,7 +239,7 @@ class NodeManager(Service):
             client.worker = worker
         peer.context = client
         return m.HelloReply(ok=True, node_id=self.node_id,
-                            info={"store_namespace": self.namespace})
+                            info={"store_dir": self.store_dir})
 
     def on_message(self, peer: Peer, msg: Any) -> None:
         handler = self._handlers.get(type(msg))
@@ -433,26 +435,26 @@ class NodeManager(Service):
 
 
 ORPHAN_MIN_AGE = 60.0
-"""Seconds a segment must be old before a sweep may treat it as an orphan."""
+"""Seconds a store directory must have been unchanged before a sweep may treat it as an
+orphan."""
 
 
-def sweep_orphaned_segments() -> None:
-    """Remove /dev/shm segments left by node managers that died without cleaning up.
+def sweep_orphaned_stores() -> None:
+    """Remove the store directories (ours) of node managers that died without cleaning up.
 
-    A segment's namespace starts with its node manager's pid; a dead pid and an age
-    over ORPHAN_MIN_AGE (so files of processes using other naming are left alone)
-    mark it as an orphan.
+    A directory's name starts with its node manager's pid; a dead pid and no change for
+    ORPHAN_MIN_AGE (so a directory of a manager whose pid was reused is not taken while
+    it is in use) mark it as an orphan.
     """
     now = time.time()
-    for path in Path("/dev/shm").glob("rtml-*-*"):
-        namespace = path.name.split("-")[1]
+    for path in objectstore.store_dirs():
         try:
-            pid = int(namespace[:8], 16)
-            if (len(namespace) != 12 or pid_alive(pid)
-                    or now - path.stat().st_mtime < ORPHAN_MIN_AGE):
+            pid = int(path.name.removeprefix(objectstore.private.PREFIX)[:8], 16)
+            if pid_alive(pid) or now - path.stat().st_mtime < ORPHAN_MIN_AGE:
                 continue
-            path.unlink()
-            log.info("removed orphaned segment %s (node manager pid %d is gone)", path, pid)
+            objectstore.remove_store_dir(str(path))
+            log.info("removed orphaned object store %s (node manager pid %d is gone)", path,
+                     pid)
         except (ValueError, OSError):
             continue
 

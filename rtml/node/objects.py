@@ -7,7 +7,7 @@
         objects whose primary is on node A -> RemoteHolds -> AddHolds/ReleaseHolds
                                               (holder = this node) --TCP--> A's manager
     WaitObject for an object on node A --> one pull per object (gRPC, in a thread)
-        --> segment in this node's /dev/shm --> sealed here as a copy, held by COPY
+        --> segment in this node's store directory --> sealed here as a copy, held by COPY
         --> waiters woken; readers map it zero-copy
     TransferServer (gRPC threads) <-- other nodes pull our objects; each is remembered
     primary deleted here --> ObjectsFreed --> the nodes with copies drop them
@@ -28,14 +28,13 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from rtml.config import STORE_FULL_TIMEOUT
 from rtml.control_plane import ControlPlane, location_field
 from rtml.exceptions import ObjectLostError, RtmlSystemError
 from rtml.node.links import NodeLinks
-from rtml.objectstore import segment
+from rtml.objectstore import private, segment
 from rtml.objectstore.remote import RemoteHolds
 from rtml.objectstore.store import Delete, NotifyLost, NotifyReady, Restore, Spill, StoreCore
 from rtml.rpc import messages as m
@@ -141,13 +140,13 @@ class ObjectTableBatch:
 class ObjectManager:
     """This node's objects: the store core, remote holds, pulls, copies and the table."""
 
-    def __init__(self, node_id: bytes, namespace: str, spill_dir: str, capacity: int,
+    def __init__(self, node_id: bytes, store_dir: str, spill_dir: str, capacity: int,
                  token: str, links: NodeLinks, end_actor: Callable[[bytes], None]) -> None:
         self.node_id = node_id
         self.end_actor = end_actor  # an actor's life object was freed here: it ends
         self.lives: dict[bytes, bytes] = {}  # life object -> its actor
         self.holds_at: dict[bytes, bytes] = {}  # our object -> the node holding its refs
-        self.namespace = namespace
+        self.store_dir = store_dir
         self.spill_dir = spill_dir
         self.token = token
         self.links = links
@@ -527,7 +526,7 @@ class ObjectManager:
         from rtml.objectstore import transfer  # imports gRPC: only nodes that pull pay
 
         self.pulls_started += 1
-        path = segment.segment_path(self.namespace, object_id)
+        path = segment.segment_path(self.store_dir, object_id)
         future = self.loop.run_in_executor(None, transfer.pull, address, self.token,
                                            object_id, path, self.node_id)
         self._own(future)
@@ -562,7 +561,7 @@ class ObjectManager:
 
     def locate(self, object_id: bytes) -> str | None:
         """The file holding our copy of ``object_id`` (shm or spilled), or None."""
-        for path in (segment.segment_path(self.namespace, object_id),
+        for path in (segment.segment_path(self.store_dir, object_id),
                      segment.spill_path(self.spill_dir, object_id)):
             if os.path.exists(path):
                 return path
@@ -630,7 +629,7 @@ class ObjectManager:
                 peer.send(m.ObjectAvailable(req_id, b"", error, owner_died))
 
     def _segment(self, object_id: bytes) -> str:
-        return segment.segment_path(self.namespace, object_id)
+        return segment.segment_path(self.store_dir, object_id)
 
     def _spill_file(self, object_id: bytes) -> str:
         return segment.spill_path(self.spill_dir, object_id)
@@ -725,8 +724,7 @@ class ObjectManager:
         """Stop serving pulls, remove every segment of this node, forget its records."""
         if self.transfer is not None:
             self.transfer.stop(0.5)
-        for path in Path("/dev/shm").glob(f"rtml-{self.namespace}-*"):
-            path.unlink(missing_ok=True)
+        private.remove_store_dir(self.store_dir)
         if plane is None:
             return
         recorded = self.table.recorded | self.table.removes

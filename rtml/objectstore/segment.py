@@ -1,4 +1,5 @@
-"""One object = one file in ``/dev/shm``, written once and mapped read-only by readers.
+"""One object = one file in its node's store directory (in ``/dev/shm``, private to the
+cluster's user: ``private``), written once and mapped read-only by readers.
 
 A value is stored as its pickle-5 in-band stream plus its out-of-band buffers
 (numpy data, an Arrow IPC stream, ...). Every region starts on a 64-byte
@@ -44,8 +45,10 @@ from typing import Any
 import msgspec
 
 from rtml.exceptions import ObjectLostError
+from rtml.objectstore.private import open_private
 
-__all__ = ["copy_file", "read_segment", "segment_path", "spill_path", "write_segment"]
+__all__ = ["copy_file", "existing_size", "read_segment", "segment_path", "spill_path",
+           "write_segment"]
 
 MAGIC = b"RTML"
 VERSION = 1
@@ -65,9 +68,20 @@ _encode_meta = msgspec.msgpack.Encoder().encode
 _decode_meta = msgspec.msgpack.Decoder(_Meta).decode
 
 
-def segment_path(namespace: str, object_id: bytes) -> str:
-    """The ``/dev/shm`` path of ``object_id`` in the store of node ``namespace``."""
-    return f"/dev/shm/rtml-{namespace}-{object_id.hex()}"
+def segment_path(store_dir: str, object_id: bytes) -> str:
+    """The path of ``object_id`` in the store directory ``store_dir``."""
+    return f"{store_dir}/{object_id.hex()}"
+
+
+def existing_size(path: str) -> int:
+    """The size of the object file at ``path``, which a writer found there already: an
+    earlier attempt of the same task (only the cluster's user can make names in a store
+    directory). Raises ObjectLostError if it is not private to this user."""
+    fd = open_private(path)
+    try:
+        return os.fstat(fd).st_size
+    finally:
+        os.close(fd)
 
 
 def spill_path(spill_dir: str, object_id: bytes) -> str:
@@ -187,7 +201,7 @@ def read_segment(path: str) -> tuple[memoryview, list[memoryview]]:
 
     Every returned memoryview points into the mapping (no copy) and keeps it
     alive. Raises ``FileNotFoundError`` if the file does not exist and
-    ``ObjectLostError`` if it is truncated or corrupt.
+    ``ObjectLostError`` if it is not private to this user, truncated or corrupt.
     """
     mm = _mapped.get(path)
     if mm is None:
@@ -199,7 +213,7 @@ def read_segment(path: str) -> tuple[memoryview, list[memoryview]]:
 
 
 def _map(path: str) -> _Mapping:
-    fd = os.open(path, os.O_RDONLY)
+    fd = open_private(path)
     try:
         size = os.fstat(fd).st_size
         if size < _HEADER.size:
@@ -250,11 +264,12 @@ def copy_file(src: str, dst: str) -> None:
     """Copy ``src`` to ``dst`` atomically (via ``dst + ".tmp"``), for spill and restore.
 
     ``dst`` either does not change or appears complete. Raises
-    ``FileNotFoundError`` if ``src`` is missing and ``OSError`` if the target
-    filesystem is full (the temporary file is removed).
+    ``FileNotFoundError`` if ``src`` is missing, ``ObjectLostError`` if it is not private
+    to this user and ``OSError`` if the target filesystem is full (the temporary file is
+    removed).
     """
     tmp = dst + ".tmp"
-    src_fd = os.open(src, os.O_RDONLY)
+    src_fd = open_private(src)
     try:
         dst_fd = os.open(tmp, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o600)
         try:

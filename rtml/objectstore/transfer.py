@@ -70,7 +70,8 @@ from typing import Any, NamedTuple, NoReturn
 import grpc
 
 from rtml.exceptions import ObjectLostError, RtmlSystemError
-from rtml.objectstore.segment import pwrite_all, unlink_quietly
+from rtml.objectstore.private import open_private
+from rtml.objectstore.segment import existing_size, pwrite_all, unlink_quietly
 from rtml.objectstore.transfer_stream import (
     MAX_TICKETS,
     PullJob,
@@ -242,9 +243,11 @@ class TransferServer:
             if path is None:
                 break
             try:
-                return os.open(path, os.O_RDONLY)
+                return open_private(path)
             except FileNotFoundError:
                 continue
+            except ObjectLostError as exc:
+                _abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
         _abort(context, grpc.StatusCode.NOT_FOUND,
                f"object {object_id.hex()} is not on node {self.address}")
 
@@ -357,7 +360,7 @@ def pull(address: str, token: str, object_id: bytes, dest_path: str,
     ``dest_path``'s filesystem is full. No temporary file is left behind on failure.
     """
     try:
-        return os.stat(dest_path).st_size
+        return existing_size(dest_path)
     except FileNotFoundError:
         pass
     tmp = f"{dest_path}.{os.getpid()}-{secrets.token_hex(4)}.pull.tmp"

@@ -50,7 +50,7 @@ def small_disk() -> Iterator[tuple[Cluster, ClusterNode, Path]]:
 
 
 def _shm_bytes(node: ClusterNode) -> int:
-    return sum(p.stat().st_size for p in Path("/dev/shm").glob(f"rtml-{node.node_id[:12]}-*"))
+    return sum(p.stat().st_size for p in Path(f"/dev/shm/rtml-{node.node_id}").glob("*"))
 
 
 def _array(i: int) -> np.ndarray:

@@ -188,7 +188,7 @@ def two_parts(seed: int, runs: Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _segments(node: ClusterNode) -> list[Path]:
-    return list(Path("/dev/shm").glob(f"rtml-{node.node_id[:12]}-*"))
+    return list(Path(f"/dev/shm/rtml-{node.node_id}").glob("*"))
 
 
 def test_a_task_queued_with_a_kept_argument_reads_the_copy_and_nothing_runs_again(

@@ -405,7 +405,7 @@ def test_a_waited_remote_result_is_freed_on_both_nodes_when_dropped(three_nodes)
         ref = slow_array.options(scheduling_strategy=pinned(node2)).remote(0.2, 2 << 20)
         rtml.wait([ref], timeout=30)  # pulls a copy here too
         assert rtml.get(ref).nbytes == 2 << 20
-        files = [f"/dev/shm/rtml-{node.node_id[:12]}-{ref.hex()}" for node in (head, node2)]
+        files = [f"/dev/shm/rtml-{node.node_id}/{ref.hex()}" for node in (head, node2)]
         assert all(os.path.exists(f) for f in files)
         del ref
         deadline = time.monotonic() + 10

@@ -1,4 +1,4 @@
-"""A node manager removes shared-memory segments orphaned by a dead node manager."""
+"""A node manager removes the store directories orphaned by a dead node manager."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from rtml.node.manager import ORPHAN_MIN_AGE, sweep_orphaned_segments
+from rtml import objectstore
+from rtml.node.manager import ORPHAN_MIN_AGE, sweep_orphaned_stores
 
 
 def _dead_pid() -> int:
@@ -17,23 +18,24 @@ def _dead_pid() -> int:
     return proc.pid
 
 
-def _segment(pid: int, tag: str, age: float) -> Path:
-    path = Path(f"/dev/shm/rtml-{pid:08x}{tag}-{os.urandom(20).hex()}")
-    path.write_bytes(b"x" * 64)
+def _store(pid: int, age: float) -> Path:
+    path = Path(objectstore.create_store_dir(f"{pid:08x}{os.urandom(12).hex()}"))
+    (path / os.urandom(20).hex()).write_bytes(b"x" * 64)
     old = time.time() - age
     os.utime(path, (old, old))
     return path
 
 
-def test_sweep_removes_old_segments_of_dead_node_managers_only() -> None:
+def test_sweep_removes_old_stores_of_dead_node_managers_only() -> None:
     dead = _dead_pid()
-    orphan = _segment(dead, "abcd", ORPHAN_MIN_AGE + 10)
-    young = _segment(dead, "abce", 1)  # maybe still being written by someone else
-    alive = _segment(os.getpid(), "abcf", ORPHAN_MIN_AGE + 10)
+    orphan = _store(dead, ORPHAN_MIN_AGE + 10)
+    young = _store(dead, 1)  # maybe its pid was reused by a new node manager
+    alive = _store(os.getpid(), ORPHAN_MIN_AGE + 10)
     try:
-        sweep_orphaned_segments()
+        sweep_orphaned_stores()
         assert not orphan.exists()
         assert young.exists() and alive.exists()
+        assert len(list(young.iterdir())) == 1
     finally:
         for path in (orphan, young, alive):
-            path.unlink(missing_ok=True)
+            objectstore.remove_store_dir(str(path))

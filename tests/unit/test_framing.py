@@ -105,7 +105,7 @@ def _spec() -> m.TaskSpec:
 
 SAMPLES = [
     m.Hello("tok", m.PROTOCOL_VERSION, "driver", b"c" * 16, 123, b"j" * 4, ["/a", "/b"]),
-    m.HelloReply(True, "", b"n" * 16, {"store_namespace": "abc"}),
+    m.HelloReply(True, "", b"n" * 16, {"store_dir": "/dev/shm/rtml-abc"}),
     m.PushTask(_spec()),
     m.TaskResult(b"t" * 16, (m.ReturnObject(b"o" * 24, m.Payload(b"v"), 1),
                              m.ReturnObject(b"p" * 24, None, 4096, is_error=True)),

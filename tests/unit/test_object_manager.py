@@ -61,7 +61,9 @@ def _manager(tmp_path: Path) -> tuple[ObjectManager, FakeLinks]:
     """A manager for node HERE; call inside a running loop (it takes the running one)."""
     links = FakeLinks()
     ended: list[bytes] = []
-    manager = ObjectManager(HERE, f"test-{uuid.uuid4().hex[:8]}", str(tmp_path), 1 << 20,
+    store_dir = tmp_path / f"store-{uuid.uuid4().hex[:8]}"
+    store_dir.mkdir(mode=0o700)
+    manager = ObjectManager(HERE, str(store_dir), str(tmp_path), 1 << 20,
                             "token", cast(NodeLinks, links), ended.append)
     return manager, links
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import glob
 import os
 import pickle
 import uuid
@@ -15,7 +14,9 @@ import pytest
 from rtml.exceptions import ObjectLostError
 from rtml.objectstore import (
     copy_file,
+    create_store_dir,
     read_segment,
+    remove_store_dir,
     segment,
     segment_path,
     spill_path,
@@ -24,20 +25,19 @@ from rtml.objectstore import (
 
 
 @pytest.fixture
-def namespace() -> Iterator[str]:
-    """A namespace unique to the test; fails the test if it leaves a segment behind."""
-    ns = uuid.uuid4().hex[:12]
-    yield ns
-    leftovers = glob.glob(f"/dev/shm/rtml-{ns}-*")
-    for path in leftovers:
-        os.unlink(path)
+def store_dir() -> Iterator[str]:
+    """A store directory unique to the test; fails the test if it leaves a segment behind."""
+    path = create_store_dir(uuid.uuid4().hex)
+    yield path
+    leftovers = os.listdir(path)
+    remove_store_dir(path)
     assert not leftovers, f"test left shm segments behind: {leftovers}"
 
 
 @pytest.fixture
-def seg(namespace: str) -> Iterator[str]:
+def seg(store_dir: str) -> Iterator[str]:
     """A fresh segment path, unlinked after the test."""
-    path = segment_path(namespace, os.urandom(20))
+    path = segment_path(store_dir, os.urandom(20))
     yield path
     if os.path.exists(path):
         os.unlink(path)
@@ -67,7 +67,7 @@ def _mapping_path(address: int) -> str | None:
 
 def test_paths() -> None:
     oid = bytes(range(20))
-    assert segment_path("abc123", oid) == f"/dev/shm/rtml-abc123-{oid.hex()}"
+    assert segment_path("/dev/shm/rtml-abc123", oid) == f"/dev/shm/rtml-abc123/{oid.hex()}"
     assert spill_path("/tmp/spill", oid) == f"/tmp/spill/rtml-{oid.hex()}"
 
 
@@ -192,9 +192,9 @@ def test_corrupt_file_raises_object_lost(seg: str, damage: str) -> None:
         read_segment(seg)
 
 
-def test_missing_file_raises_file_not_found(namespace: str) -> None:
+def test_missing_file_raises_file_not_found(store_dir: str) -> None:
     with pytest.raises(FileNotFoundError):
-        read_segment(segment_path(namespace, b"\x00" * 20))
+        read_segment(segment_path(store_dir, b"\x00" * 20))
 
 
 def test_copy_file_spill_and_restore(seg: str, tmp_path: os.PathLike[str]) -> None:

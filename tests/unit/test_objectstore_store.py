@@ -320,7 +320,7 @@ def test_public_interface_does_not_drift() -> None:
 
     import rtml.objectstore as objectstore
 
-    modules = ["remote", "segment", "store", "transfer"]
+    modules = ["private", "remote", "segment", "store", "transfer"]
     assert sorted(objectstore.__all__) == sorted(
         [
             *modules,
@@ -329,6 +329,13 @@ def test_public_interface_does_not_drift() -> None:
             "write_segment",
             "read_segment",
             "copy_file",
+            "check_store_dir",
+            "create_store_dir",
+            "existing_size",
+            "open_private",
+            "remove_store_dir",
+            "store_dir_of",
+            "store_dirs",
             "StoreCore",
             "Spill",
             "Restore",

@@ -77,7 +77,7 @@ def stand_ins(tmp_path: Path) -> tuple[str, str, Callable[[], list[socket.socket
 
     def serve() -> None:
         ends.append(_answer_hello(listeners[0], m.HelloReply(
-            ok=True, node_id=b"n" * 16, info={"store_namespace": "ns"})))
+            ok=True, node_id=b"n" * 16, info={"store_dir": str(tmp_path)})))
         ends.append(_answer_hello(listeners[1], m.HelloReply(
             ok=True, info={"redis_host": "127.0.0.1", "redis_port": "9"})))
 

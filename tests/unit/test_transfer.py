@@ -65,6 +65,7 @@ class Holder:
     def put_bytes(self, data: bytes) -> bytes:
         object_id = os.urandom(20)
         self.path(object_id).write_bytes(data)
+        self.path(object_id).chmod(0o600)  # as the store writes them: private to its user
         return object_id
 
     def put_value(self, value: object) -> bytes:
@@ -98,6 +99,12 @@ def dest_dir(tmp_path: Path) -> Path:
     d = tmp_path / "puller"
     d.mkdir()
     return d
+
+
+def _private_file(path: Path, data: bytes) -> None:
+    """An object file as a store writes it: mode 0600."""
+    path.write_bytes(data)
+    path.chmod(0o600)
 
 
 def _leftovers(directory: Path) -> list[str]:
@@ -192,12 +199,24 @@ def test_empty_and_tiny_files(holder: Holder, dest_dir: Path, data: bytes) -> No
     assert holder.served == [(object_id, b"")]
 
 
+def test_a_file_others_may_write_is_not_served(holder: Holder, dest_dir: Path) -> None:
+    object_id = holder.put_bytes(b"planted")
+    holder.path(object_id).chmod(0o622)
+    dest = dest_dir / "x"
+    with pytest.raises(ObjectLostError, match="mode 622 lets others in"):
+        pull(holder.address, TOKEN, object_id, str(dest))
+    assert not dest.exists() and holder.served == []
+
+
 def test_existing_dest_is_success_without_a_call(holder: Holder, dest_dir: Path) -> None:
     dest = dest_dir / "already"
-    dest.write_bytes(b"12345")
+    _private_file(dest, b"12345")
     missing = os.urandom(20)  # the holder does not even have it: no call is made
     assert pull(holder.address, TOKEN, missing, str(dest)) == 5
     assert dest.read_bytes() == b"12345"
+    dest.chmod(0o644)  # not as the store writes them: not taken as pulled
+    with pytest.raises(ObjectLostError, match="mode 644 lets others in"):
+        pull(holder.address, TOKEN, missing, str(dest))
     assert holder.located == []
 
 
@@ -366,7 +385,7 @@ class FakeContext:
 
 def test_file_shrinking_mid_stream_aborts_not_found(tmp_path: Path) -> None:
     path = tmp_path / "obj"
-    path.write_bytes(os.urandom(3 * CHUNK_BYTES))
+    _private_file(path, os.urandom(3 * CHUNK_BYTES))
     server = TransferServer("127.0.0.1", TOKEN, lambda _oid: str(path))
     object_id = os.urandom(20)
     context = FakeContext(GOOD_METADATA)
@@ -384,7 +403,7 @@ def test_file_shrinking_mid_stream_aborts_not_found(tmp_path: Path) -> None:
 def test_file_unlinked_mid_stream_is_sent_whole(tmp_path: Path) -> None:
     data = os.urandom(2 * CHUNK_BYTES + 5)
     path = tmp_path / "obj"
-    path.write_bytes(data)
+    _private_file(path, data)
     served: list[bytes] = []
     server = TransferServer("127.0.0.1", TOKEN, lambda _oid: str(path),
                             lambda oid, _node: served.append(oid))
@@ -398,7 +417,7 @@ def test_file_unlinked_mid_stream_is_sent_whole(tmp_path: Path) -> None:
 
 def test_streams_leak_no_descriptor(tmp_path: Path) -> None:
     path = tmp_path / "obj"
-    path.write_bytes(os.urandom(2 * CHUNK_BYTES))
+    _private_file(path, os.urandom(2 * CHUNK_BYTES))
     server = TransferServer("127.0.0.1", TOKEN, lambda _oid: str(path))
 
     def stream() -> Generator[bytes, None, None]:
@@ -417,7 +436,7 @@ def test_streams_leak_no_descriptor(tmp_path: Path) -> None:
 
 def test_on_served_failure_does_not_fail_the_pull(tmp_path: Path) -> None:
     path = tmp_path / "obj"
-    path.write_bytes(b"payload")
+    _private_file(path, b"payload")
 
     def broken(_oid: bytes, _node: bytes) -> None:
         raise RuntimeError("bookkeeping down")
