@@ -151,7 +151,7 @@ def _join_info(address: str, token: str | None,
     The node recorded in the session directory if it belongs to that cluster;
     otherwise the head is asked for a node that runs on this machine.
     """
-    session = Session(Path(default_session_dir()))
+    session = Session(Path(default_session_dir())).check()
     record = session.read_record()
     if address == "auto" and record is None:
         raise ConnectionError(
@@ -165,7 +165,7 @@ def _join_info(address: str, token: str | None,
     if ours and record is not None and (not node_id or record.get("node_id") == node_id):
         return session, head_address, record["nm_address"], token
     nm_address, session_dir = cluster.find_local_node(head_address, token, node_id)
-    return Session(Path(session_dir)), head_address, nm_address, token
+    return Session(Path(session_dir)).check(), head_address, nm_address, token
 
 
 def _connect(session: Session, head_address: str, nm_address: str, token: str,

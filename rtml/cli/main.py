@@ -12,7 +12,7 @@
     rtml status / list / timeline -> ControlPlane(redis host, port, token) -> Redis
 
 Every ``rtml start`` records what it started in its session directory
-(``--session-dir``, else ``RTML_SESSION_DIR``, else ``/tmp/rtml/session_latest``);
+(``--session-dir``, else ``RTML_SESSION_DIR``, else ``/tmp/rtml-<uid>/session_latest``);
 ``rtml stop`` stops exactly those processes. Daemons are started in their own
 session so they outlive this command. A user mistake prints one line naming the
 fix and exits 1.

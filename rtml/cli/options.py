@@ -16,12 +16,13 @@ def add_session_dir(parser: argparse.ArgumentParser) -> None:
     """Give a command the ``--session-dir`` flag that :func:`session_of` reads."""
     parser.add_argument("--session-dir", default=None,
                         help="session directory (default: $RTML_SESSION_DIR or "
-                             "/tmp/rtml/session_latest)")
+                             "/tmp/rtml-<uid>/session_latest)")
 
 
 def session_of(args: argparse.Namespace) -> Session:
-    """The session a command acts on: ``--session-dir``, else the default one."""
-    return Session(Path(args.session_dir or default_session_dir()).absolute())
+    """The session a command acts on: ``--session-dir``, else the default one; checked
+    (RtmlSystemError) before the command trusts what it finds there."""
+    return Session(Path(args.session_dir or default_session_dir()).absolute()).check()
 
 
 def session_flag(session: Session) -> str:
