@@ -32,6 +32,7 @@ from rtml.control_plane import (
     RedisAddress,
     RedisProcess,
     login_refused,
+    own_password,
     start_redis,
     timed_out,
     tls_text,
@@ -297,8 +298,8 @@ def start_head_node(session: Session, token: str, node: NodeConfig, *, port: int
     address is known at once and the node manager starts alongside it (its connection
     waits in the listen backlog until the head accepts). Embedded (``die_with_parent``),
     the supervisor is a thread of this process; else the ``rtml.head.supervisor``
-    daemon. Redis listens on the node's address too (other nodes write to it), always
-    behind the cluster password.
+    daemon. Redis listens on the node's address too (other nodes write to it), fenced
+    (``start_redis``): rtml's user, its password derived from the token, and nobody else.
     """
     if redis_address is not None:
         _check_redis(redis_address, token)
@@ -308,8 +309,8 @@ def start_head_node(session: Session, token: str, node: NodeConfig, *, port: int
     listener = _bind(host, port)
     redis = None
     if redis_address is None:
-        redis = start_redis(port=0, password=token, data_dir=str(session.redis), bind=host,
-                            die_with_parent=die_with_parent)
+        redis = start_redis(port=0, password=own_password(token), data_dir=str(session.redis),
+                            bind=host, die_with_parent=die_with_parent)
         redis_address = RedisAddress(redis.host, redis.port)
     started = StartedNode(session, f"{host}:{listener.getsockname()[1]}", "", "", redis,
                           redis_address=redis_address)
@@ -344,7 +345,7 @@ def start_head_node(session: Session, token: str, node: NodeConfig, *, port: int
     if started.supervisor is not None:
         started.supervisor.watch_in_thread()
         if redis is not None:
-            started.keeper = RedisKeeper(session, redis.host, redis.port, token,
+            started.keeper = RedisKeeper(session, redis.host, redis.port, redis.password,
                                          redis.proc.pid, redis.proc)
             started.keeper.watch_in_thread()
     return started

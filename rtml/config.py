@@ -120,7 +120,7 @@ class HeadConfig:
         os.environ.get("RTML_NODE_TIMEOUT_S", DEFAULT_NODE_TIMEOUT)))
     redis_pid: int = 0  # the Redis the head supervisor keeps running (0: none of ours)
     redis_user: str = ""  # a Redis of the user's: its ACL user and password (rtml's own
-    redis_password: str = ""  # has none: the cluster token is its password)
+    redis_password: str = ""  # has none: RedisAddress.login derives its login)
     redis_tls: str = ""  # a rediss:// one's TLS settings (address.tls_text); "": plain TCP
     task_records_kept: int = field(default_factory=default_task_records_kept)
 

@@ -192,3 +192,43 @@ def start_nodes(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Any]]
     yield start
     for cluster in started:
         cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def plain_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A Redis as a user might run one, not rtml's fenced one: the server binary rtml
+    runs, whose default user logs in with the returned process's password and may run
+    anything (CLIENT KILL, ACL SETUSER), as tests of the client and of a user's Redis
+    need. Stopped at module end."""
+    import secrets
+    import socket
+    import subprocess
+
+    from rtml.control_plane import RedisProcess, find_redis_server
+    from rtml.control_plane.resp import RespClient
+
+    data = tmp_path_factory.mktemp("plain-redis")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    password = secrets.token_hex(16)
+    log_path = str(data / "redis.log")
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [find_redis_server(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(data), "--requirepass", password],
+            stdout=log, stderr=subprocess.STDOUT)
+    server = RedisProcess("127.0.0.1", port, password, proc, log_path, user="")
+    deadline = time.monotonic() + 20
+    while True:
+        client = RespClient("127.0.0.1", port, password, connect_timeout=1.0)
+        try:
+            if client.execute("PING") == b"PONG":
+                break
+        except Exception:  # noqa: BLE001 - not up yet
+            assert time.monotonic() < deadline and proc.poll() is None, "no plain Redis"
+            time.sleep(0.05)
+        finally:
+            client.close()
+    yield server
+    server.stop()

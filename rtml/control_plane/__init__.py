@@ -9,7 +9,7 @@ path, and :class:`Keys` names every key.
 
 from __future__ import annotations
 
-from rtml.control_plane.address import RedisAddress, tls_from_text, tls_text
+from rtml.control_plane.address import OWN_USER, RedisAddress, own_password, tls_from_text, tls_text
 from rtml.control_plane.keys import Keys
 from rtml.control_plane.redis_server import RedisProcess, find_redis_server, start_redis
 from rtml.control_plane.tables import (
@@ -24,6 +24,7 @@ from rtml.control_plane.tables import (
 from rtml.control_plane.writer import BatchedWriter
 
 __all__ = [
+    "OWN_USER",
     "RAN",
     "SUBMITTED",
     "location_field",
@@ -34,6 +35,7 @@ __all__ = [
     "RedisProcess",
     "find_redis_server",
     "login_refused",
+    "own_password",
     "start_redis",
     "timed_out",
     "tls_from_text",

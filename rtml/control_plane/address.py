@@ -1,23 +1,39 @@
-"""Where the control plane's Redis is, and how to log in: rtml's own (the cluster token
-is its password) or one the user runs (``rtml start --head --redis-address URL``).
+"""Where the control plane's Redis is, and how to log in: rtml's own (user ``rtml``, its
+password derived from the cluster token) or one the user runs (``rtml start --head
+--redis-address URL``).
 
     redis://[[USER]:PASSWORD@]HOST:PORT           -> RedisAddress(host, port, user, password)
     rediss://...[?ssl_ca_certs=PEM&ssl_certfile=PEM&ssl_keyfile=PEM&ssl_cert_reqs=none]
                                                   -> ... tls=Tls(ca_certs, certfile, ...)
 
 Processes learn it from the head's hello (``info``): host and port always, the user and
-password only for a Redis of the user's (rtml's own takes the cluster token), and the
+password only for a Redis of the user's (rtml's own: ``own_password(token)``), and the
 TLS settings (paths that every node has: as Ray's TLS files, they are not sent).
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import ssl
 from dataclasses import asdict, dataclass
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from rtml.exceptions import RtmlSystemError
+
+OWN_USER = "rtml"
+"""rtml's user on rtml's own Redis (whose default user is off)."""
+
+
+def own_password(token: str) -> str:
+    """The password of ``OWN_USER`` on rtml's own Redis: an HMAC of the cluster token, so
+    every process that holds the token logs in with nothing more handed around, and a
+    login seen on the wire (Redis speaks plain TCP) does not give away the token, which
+    opens every rtml port."""
+    return hmac.new(token.encode(), b"rtml: the control plane's Redis login",
+                    hashlib.sha256).hexdigest()
+
 
 _TLS_OPTIONS = {"ssl_ca_certs": "ca_certs", "ssl_certfile": "certfile",
                 "ssl_keyfile": "keyfile", "ssl_cert_reqs": "cert_reqs"}
@@ -57,8 +73,15 @@ class RedisAddress:
     host: str
     port: int
     user: str = ""
-    password: str = ""  # empty: rtml's own Redis, whose password is the cluster token
+    password: str = ""  # empty: rtml's own Redis (``login``)
     tls: Tls | None = None  # None: plain TCP
+
+    def login(self, token: str) -> tuple[str, str]:
+        """The user and password to log in with: the user's own, or on rtml's own Redis
+        ``OWN_USER`` with the password derived from the cluster token."""
+        if self.password:
+            return self.user, self.password
+        return OWN_USER, own_password(token)
 
     @classmethod
     def parse(cls, url: str) -> RedisAddress:

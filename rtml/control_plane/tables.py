@@ -44,6 +44,11 @@ from rtml.control_plane.resp import (
 )
 from rtml.exceptions import RtmlSystemError
 
+COMMANDS = ("PING", "INFO", "GET", "SET", "DEL", "HSET", "HDEL", "HGETALL", "HSCAN", "SADD",
+            "SREM", "SMEMBERS", "SSCAN", "ZADD", "ZREM", "ZRANGE", "XADD", "XRANGE", "MULTI",
+            "EXEC", "EVALSHA", "EVAL")
+"""Every command this module sends (those of ``_DELETE_IF_EQUAL`` too): all that rtml's
+user may run on rtml's own Redis."""
 EVENTS_MAXLEN = 100_000
 _EVENT_FIELD = b"e"
 _EVENTS_MAXLEN_ARGS: tuple[Arg, ...] = ("MAXLEN", "~", EVENTS_MAXLEN)
@@ -207,11 +212,10 @@ class ControlPlane:
 
     @classmethod
     def at(cls, address: RedisAddress, token: str) -> ControlPlane:
-        """The control plane at ``address``, logging in as its user, or with the cluster
-        token (rtml's own Redis); over TLS for a rediss:// one (RtmlSystemError names a
-        TLS file that cannot be used)."""
-        return cls(address.host, address.port, address.password or token, user=address.user,
-                   tls=address.ssl_context())
+        """The control plane at ``address``, logging in as ``address.login`` says; over
+        TLS for a rediss:// one (RtmlSystemError names a TLS file that cannot be used)."""
+        user, password = address.login(token)
+        return cls(address.host, address.port, password, user=user, tls=address.ssl_context())
 
     def __repr__(self) -> str:
         return f"ControlPlane({self.host}:{self.port}, namespace={self.keys.namespace!r})"
@@ -219,8 +223,9 @@ class ControlPlane:
     def _system_error(self, op: str, exc: RespBaseError) -> RtmlSystemError:
         where = f"Redis at {self.host}:{self.port}"
         if isinstance(exc, AuthError):
-            return RtmlSystemError(f"{where} rejected the cluster password ({op}: {exc}); "
-                                   f"connect with the password the cluster was started with")
+            return RtmlSystemError(f"{where} rejected the login ({op}: {exc}); connect with "
+                                   f"the token (or Redis user and password) the cluster was "
+                                   f"started with")
         if isinstance(exc, RespConnectionError) and exc.timed_out:
             return RtmlSystemError(f"{where} did not answer in time ({op}: {exc}): is it "
                                    f"hung (stopped, out of memory), out of reach, or not a "

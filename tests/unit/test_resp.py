@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import secrets
 import socket
 import threading
 from collections.abc import Iterator
 
 import pytest
 
-from rtml.control_plane import RedisProcess, resp, start_redis
+from rtml.control_plane import RedisProcess, resp
 from rtml.control_plane.resp import (
     AuthError,
     RespBaseError,
@@ -21,13 +20,9 @@ from rtml.control_plane.resp import (
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProcess]:
-    data_dir = tmp_path_factory.mktemp("redis")
-    proc = start_redis(port=0, password=secrets.token_hex(16), data_dir=str(data_dir))
-    try:
-        yield proc
-    finally:
-        proc.stop()
+def server(plain_redis: RedisProcess) -> RedisProcess:
+    """The client is tested against a plain server (its tests use CLIENT KILL, INCR)."""
+    return plain_redis
 
 
 @pytest.fixture
