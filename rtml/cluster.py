@@ -453,7 +453,7 @@ def find_local_node(head_address: str, token: str, node_id: str = "") -> tuple[s
 def cluster_nodes(head_address: str, token: str, timeout: float = 10.0) -> list[m.NodeInfo]:
     """The head's node table. Raises ConnectionError naming the address."""
     try:
-        reply = request(head_address, make_hello(token, "cli", random_id()),
+        reply = request(head_address, token, make_hello("cli", random_id()),
                         m.GetClusterInfo(1), m.ClusterInfo, timeout)
     except ProtocolError as exc:
         raise ConnectionError(f"the head at {head_address} refused us: {exc}") from None

@@ -90,7 +90,12 @@ def _add_start(sub: Any) -> None:
     where = start.add_mutually_exclusive_group(required=True)
     where.add_argument("--head", action="store_true", help="start a new cluster here")
     where.add_argument("--address", help="HOST:PORT of the head to join")
-    start.add_argument("--token", default=None, help="cluster token (default: $RTML_TOKEN)")
+    start.add_argument("--token", default=None,
+                       help="cluster token (default: $RTML_TOKEN, or --token-file; a flag "
+                            "is visible to every local user in `ps`)")
+    start.add_argument("--token-file", default=None, metavar="PATH",
+                       help="read the cluster token from this file (e.g. a copy of the "
+                            "head's <session>/token)")
     start.add_argument("--port", type=int, default=6380, help="head service port (--head)")
     start.add_argument("--node-ip-address", default=None, metavar="IP",
                        help="address this node listens on and others reach it at "

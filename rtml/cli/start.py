@@ -91,7 +91,7 @@ def _parse_resources(text: str | None) -> dict[str, float]:
 
 
 def _start_head(args: argparse.Namespace, session: Session) -> int:
-    token = args.token or os.environ.get("RTML_TOKEN") or new_token()
+    token = _given_token(args) or new_token()
     node = _node_config(args, session, token)
     _check_port_free(node.node_ip, args.port)
     timeout = args.node_timeout_s
@@ -151,9 +151,9 @@ def _start_worker_node(args: argparse.Namespace, session: Session) -> int:
         if getattr(args, flag) is not None:
             raise CliError(f"--{flag.replace('_', '-')} is the head's setting: pass it to "
                            f"`rtml start --head`")
-    token = args.token or os.environ.get("RTML_TOKEN")
+    token = _given_token(args)
     if not token:
-        raise CliError("no cluster token: pass --token TOKEN or set RTML_TOKEN (the head "
+        raise CliError("no cluster token: set RTML_TOKEN or pass --token-file PATH (the head "
                        "printed it as RTML_TOKEN=... when it started)")
     address = _check_address(args.address)
     node = _node_config(args, session, token)
@@ -191,6 +191,19 @@ def _check_port_free(host: str, port: int) -> None:
                            f"--port with another port, or stop what uses it") from None
 
 
+def _given_token(args: argparse.Namespace) -> str | None:
+    """The token of ``--token``, ``--token-file`` or ``RTML_TOKEN`` (None: none given)."""
+    if args.token_file:
+        try:
+            token = Path(args.token_file).read_text().strip()
+        except OSError as exc:
+            raise CliError(f"--token-file {args.token_file}: {exc.strerror}") from None
+        if not token:
+            raise CliError(f"--token-file {args.token_file} is empty")
+        return token
+    return args.token or os.environ.get("RTML_TOKEN") or None
+
+
 def _hello_head(address: str, token: str) -> dict[str, str]:
     """Say hello to the head so a wrong token or address fails here, clearly.
 
@@ -198,7 +211,7 @@ def _hello_head(address: str, token: str) -> dict[str, str]:
     """
     async def hello() -> dict[str, str]:
         client, reply = await FramedClient.connect(
-            address, make_hello(token, "cli", random_id()), timeout=HELLO_TIMEOUT)
+            address, token, make_hello("cli", random_id()), timeout=HELLO_TIMEOUT)
         client.close()
         return dict(reply.info)
 
@@ -206,7 +219,7 @@ def _hello_head(address: str, token: str) -> dict[str, str]:
         return asyncio.run(hello())
     except ProtocolError as exc:
         raise CliError(f"the head at {address} refused this node: {exc}; pass the token the "
-                       f"head printed (RTML_TOKEN=...) with --token or RTML_TOKEN") from None
+                       f"head printed (RTML_TOKEN=...) as RTML_TOKEN or in --token-file") from None
     except (OSError, TimeoutError, ConnectionError) as exc:
         raise CliError(f"cannot reach the head at {address} ({exc or type(exc).__name__}); "
                        f"check the address and that `rtml start --head` runs there") from None
@@ -255,9 +268,11 @@ def _print_head_started(started: cluster.StartedNode, token: str, session: Sessi
         "",
         "To connect a driver on this machine:",
         f"    {env}python -c 'import rtml; rtml.init(address=\"auto\")'",
-        "To add another node to this cluster:",
-        f"    rtml start --address {started.head_address} --token {token} "
+        "To add another node to this cluster (the token stays out of `ps`):",
+        f"    RTML_TOKEN={token} rtml start --address {started.head_address} "
         f"--session-dir DIR",
+        f"  or, with a copy of {session.token_file}: rtml start --address "
+        f"{started.head_address} --token-file PATH --session-dir DIR",
         f"To stop this node:  rtml stop{session_flag(session)}",
     ]
     print("\n".join(lines), flush=True)

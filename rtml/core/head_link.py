@@ -38,12 +38,13 @@ KILLS_KEPT = 1000
 
 
 class HeadLink:
-    def __init__(self, reactor: Reactor, address: str, hello: m.Hello, handler: Handler,
-                 timeout: float, on_back: Callable[[], list[m.Msg]],
+    def __init__(self, reactor: Reactor, address: str, token: str, hello: m.Hello,
+                 handler: Handler, timeout: float, on_back: Callable[[], list[m.Msg]],
                  on_gone: Callable[[RtmlSystemError, list[int]], None]) -> None:
         """Connect. Raises RtmlSystemError if the head cannot be reached now."""
         self.reactor = reactor
         self.name = address
+        self.token = token
         self.hello = hello
         self.handler = handler
         self.timeout = timeout  # also how long a request may wait (a hung head answers nothing)
@@ -60,7 +61,8 @@ class HeadLink:
 
     def _connect(self) -> tuple[Connection, m.HelloReply]:
         on_close: CloseHandler = self._on_closed
-        return open_connection(self.reactor, self.name, self.hello, self.handler, on_close)
+        return open_connection(self.reactor, self.name, self.token, self.hello, self.handler,
+                               on_close)
 
     def send(self, msg: m.Msg) -> None:
         """Raises RtmlSystemError for a request once the head is given up on."""

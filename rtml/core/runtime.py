@@ -129,14 +129,13 @@ class ClientRuntime:
         self._unflushed: list[Connection] = []
         self.reactor.start()
         try:
-            hello = make_hello(self.token, self.role, self.client_id, self.job_id,
-                               self.sys_paths)
-            self.nm, reply = open_connection(self.reactor, config.nm_address, hello,
-                                             self._on_nm_message, self._on_nm_closed)
+            hello = make_hello(self.role, self.client_id, self.job_id, self.sys_paths)
+            self.nm, reply = open_connection(self.reactor, config.nm_address, self.token,
+                                             hello, self._on_nm_message, self._on_nm_closed)
             self.node_id: bytes = reply.node_id
             self.store_dir = objectstore.check_store_dir(reply.info["store_dir"])
             hello.node_id = self.node_id
-            self.head = HeadLink(self.reactor, config.head_address, hello,
+            self.head = HeadLink(self.reactor, config.head_address, self.token, hello,
                                  self._on_head_message, config.head_timeout,
                                  self._created_actors, self._head_gone)
             info = self.head.reply.info
@@ -210,9 +209,8 @@ class ClientRuntime:
                        on_close: CloseHandler) -> Connection:
         """An authenticated connection to a worker, as an owner of this job; ``handler``
         gets the results of each read as one list."""
-        hello = make_hello(self.token, "driver", self.client_id, self.job_id, self.sys_paths,
-                           self.node_id)
-        conn, _ = open_connection(self.reactor, address, hello, handler, on_close,
+        hello = make_hello("driver", self.client_id, self.job_id, self.sys_paths, self.node_id)
+        conn, _ = open_connection(self.reactor, address, self.token, hello, handler, on_close,
                                   batched=True)
         return conn
 
@@ -220,10 +218,10 @@ class ClientRuntime:
         """A connection to another node's manager (for spilled leases), made on first use."""
         conn = self.remote_nms.get(node_id)
         if conn is None or conn.closed:
-            hello = make_hello(self.token, self.role, self.client_id, self.job_id,
-                               self.sys_paths, self.node_id)
+            hello = make_hello(self.role, self.client_id, self.job_id, self.sys_paths,
+                               self.node_id)
             conn, _ = open_connection(
-                self.reactor, address, hello,
+                self.reactor, address, self.token, hello,
                 lambda c, msg: self._on_nm_message(c, msg, node_id),
                 lambda c, reason: self._on_remote_nm_closed(node_id, c))
             self.remote_nms[node_id] = conn

@@ -1,28 +1,49 @@
 """Framed, token-checked pickle messages over blocking TCP sockets (threads, not asyncio).
 
-Every connection of the program layer (courier calls, the controller) opens with
-the program's token; a peer that does not present it is dropped before anything
-it sent is unpickled. A frame is a 4-byte big-endian length and a cloudpickle.
+Every connection of the program layer (courier calls, the controller) opens with a
+handshake in which both sides prove they hold the program's token, without sending it
+(as ``rtml.rpc.auth``'s, in fixed-size raw bytes)::
+
+    listener --nonce S (16 bytes)-->  connector
+    listener <--nonce C, proof(client, S, C) (48 bytes)--
+    listener --proof(server, C, S) (32 bytes)-->
+
+A peer that does not prove it is dropped before anything it sent is unpickled. Before
+that, a connection gets HELLO_TIMEOUT seconds and 48 bytes, and a listener holds at
+most MAX_PENDING of them (MAX_PENDING_PER_PEER from one address): a new one closes the
+oldest still pending (from its address, if that is at its cap), so idle connections
+cannot keep out a client that proves the token at once. A frame is a 4-byte big-endian length and a cloudpickle, read as it arrives (the
+length alone allocates nothing).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hmac
 import logging
+import os
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
 
+from rtml.rpc.auth import NONCE_BYTES, proof
+
 log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct(">I")
 MAX_FRAME = 1 << 30
-HELLO_TIMEOUT = 10.0
+_CHUNK = 1 << 20
+HELLO_TIMEOUT = 5.0
+MAX_PENDING = 128
+MAX_PENDING_PER_PEER = 16
+_PROOF_BYTES = 32
+_REFUSALS_LOGGED_EVERY = 10.0
 
 
 class WireError(ConnectionError):
@@ -41,49 +62,66 @@ def send_obj(sock: socket.socket, obj: Any, lock: threading.Lock | None = None) 
 
 
 def recv_obj(sock: socket.socket) -> Any:
-    """Read one frame and unpickle it. Raises WireError at EOF or on a bad frame."""
+    """Read one frame and unpickle it. Raises WireError at EOF, on a bad frame, or when
+    its pickle does not load (the caller closes the connection)."""
     (size,) = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
     if size > MAX_FRAME:
         raise WireError(f"frame of {size} bytes exceeds {MAX_FRAME}")
-    return cloudpickle.loads(_recv_exact(sock, size))
+    data = _recv_exact(sock, size)
+    try:
+        return cloudpickle.loads(data)
+    except Exception as exc:  # noqa: BLE001 - whatever the pickle's code raised
+        raise WireError(f"a frame did not unpickle: {type(exc).__name__}: {exc}") from exc
 
 
 def _recv_exact(sock: socket.socket, size: int) -> bytes:
-    buf = bytearray(size)
-    view = memoryview(buf)
-    got = 0
-    while got < size:
-        n = sock.recv_into(view[got:])
-        if n == 0:
+    """``size`` bytes, the buffer grown as they arrive (a peer's length alone costs none)."""
+    buf = bytearray()
+    while len(buf) < size:
+        chunk = sock.recv(min(size - len(buf), _CHUNK))
+        if not chunk:
             raise WireError("connection closed")
-        got += n
+        buf += chunk
     return bytes(buf)
 
 
 def connect(address: str, token: str, timeout: float = HELLO_TIMEOUT) -> socket.socket:
-    """Connect to ``host:port`` and present ``token``. Raises OSError or WireError."""
+    """Connect to ``host:port`` and run the handshake (module docstring). Raises OSError,
+    or WireError if the listener does not prove it holds ``token``."""
     host, _, port = address.rpartition(":")
     sock = socket.create_connection((host, int(port)), timeout=timeout)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    token_bytes = token.encode()
-    sock.sendall(_HEADER.pack(len(token_bytes)) + token_bytes)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        theirs = _recv_exact(sock, NONCE_BYTES)
+        ours = os.urandom(NONCE_BYTES)
+        sock.sendall(ours + proof(token, b"client", theirs, ours))
+        if not hmac.compare_digest(_recv_exact(sock, _PROOF_BYTES),
+                                   proof(token, b"server", ours, theirs)):
+            raise WireError(f"{address} did not prove it holds the program's token")
+    except BaseException:
+        sock.close()
+        raise
     sock.settimeout(None)
     return sock
 
 
 def accept_hello(sock: socket.socket, token: str) -> bool:
-    """Read the peer's token (raw bytes, never unpickled); True if it matches."""
+    """The listener's side of the handshake (raw bytes, never unpickled); True if the
+    peer proved it holds ``token``."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.settimeout(HELLO_TIMEOUT)
+    ours = os.urandom(NONCE_BYTES)
     try:
-        (size,) = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
-        if size > 1024:
+        sock.sendall(ours)
+        answer = _recv_exact(sock, NONCE_BYTES + _PROOF_BYTES)
+        theirs, shown = answer[:NONCE_BYTES], answer[NONCE_BYTES:]
+        if not hmac.compare_digest(shown, proof(token, b"client", ours, theirs)):
             return False
-        presented = _recv_exact(sock, size)
-    except (OSError, WireError, struct.error):
+        sock.sendall(proof(token, b"server", theirs, ours))
+    except (OSError, WireError):
         return False
     sock.settimeout(None)
-    return hmac.compare_digest(presented, token.encode())
+    return True
 
 
 def listen(host: str) -> socket.socket:
@@ -97,45 +135,114 @@ def address_of(listener: socket.socket) -> str:
 
 
 class Acceptor:
-    """A listening socket on ``host`` (a free port) whose connections must present
-    ``token``; each admitted one is handed to ``serve(sock)`` on its own thread."""
+    """A listening socket on ``host`` (a free port) whose connections must prove they hold
+    ``token`` (capped as the module docstring says, each within HELLO_TIMEOUT); each
+    admitted one is handed to ``serve(sock)`` on its own thread. The accept loop
+    outlives any one connection's failure."""
 
     def __init__(self, host: str, token: str, serve: Callable[[socket.socket], None],
                  name: str) -> None:
         self.token, self.serve, self.name = token, serve, name
         self.listener = listen(host)
         self.address = address_of(self.listener)
-        self._conns: list[socket.socket] = []
+        self._conns: set[socket.socket] = set()
+        self._pending: dict[socket.socket, str] = {}  # still proving the token: -> host
+        self._per_host: collections.Counter[str] = collections.Counter()
+        self._lock = threading.Lock()
         self._closed = False
+        self._refused = 0
+        self._refusals_logged = 0.0
         threading.Thread(target=self._accept, name=f"lp-{name[:20]}-accept",
                          daemon=True).start()
 
     def _accept(self) -> None:
         while not self._closed:
             try:
-                sock, _ = self.listener.accept()
-            except OSError:
-                return
-            self._conns.append(sock)
-            threading.Thread(target=self._admit, args=(sock,), daemon=True,
-                             name=f"lp-{self.name[:20]}").start()
+                sock, peer = self.listener.accept()
+            except OSError as exc:
+                if self._closed:
+                    return
+                self._refuse(f"accept failed ({exc})")  # e.g. out of descriptors: go on
+                time.sleep(0.05)
+                continue
+            host = str(peer[0])
+            with self._lock:
+                victim = self._oldest_over_cap(host)
+                if victim is not None:
+                    self._count_out(victim)
+                self._pending[sock] = host
+                self._per_host[host] += 1
+                self._conns.add(sock)
+            if victim is not None:  # its handshake thread sees it closed, and counts it out
+                with contextlib.suppress(OSError):
+                    victim.shutdown(socket.SHUT_RDWR)
+                self._refuse(f"closed the oldest connection still proving the token, for "
+                             f"a new one from {host}")
+            try:
+                threading.Thread(target=self._admit, args=(sock, host), daemon=True,
+                                 name=f"lp-{self.name[:20]}").start()
+            except RuntimeError as exc:  # no thread to be had: drop this one, keep going
+                self._done(sock, admitted=False)
+                self._refuse(f"no thread for a connection ({exc})")
 
-    def _admit(self, sock: socket.socket) -> None:
+    def _admit(self, sock: socket.socket, host: str) -> None:
         try:
             admitted = accept_hello(sock, self.token)
         except OSError:  # closed under us: the server is stopping
-            return
+            admitted = False
+        self._done(sock, admitted)
         if not admitted:
-            log.warning("%s refused a connection: wrong program token", self.name)
-            sock.close()
+            self._refuse(f"a connection from {host} did not prove the program's token")
             return
-        self.serve(sock)
+        try:
+            self.serve(sock)
+        finally:
+            with self._lock:
+                self._conns.discard(sock)
+
+    def _oldest_over_cap(self, host: str) -> socket.socket | None:
+        """The pending connection a new one from ``host`` replaces, if a cap is reached
+        (lock held)."""
+        if self._per_host[host] >= MAX_PENDING_PER_PEER:
+            return next(s for s, h in self._pending.items() if h == host)
+        if len(self._pending) >= MAX_PENDING:
+            return next(iter(self._pending))
+        return None
+
+    def _count_out(self, sock: socket.socket) -> None:
+        """``sock`` no longer counts as pending (lock held; once only)."""
+        host = self._pending.pop(sock, None)
+        if host is not None:
+            self._per_host[host] -= 1
+            if not self._per_host[host]:
+                del self._per_host[host]
+
+    def _done(self, sock: socket.socket, admitted: bool) -> None:
+        """The handshake of ``sock`` is over: count it out; close it if not admitted."""
+        with self._lock:
+            self._count_out(sock)
+            if not admitted:
+                self._conns.discard(sock)
+        if not admitted:
+            sock.close()
+
+    def _refuse(self, why: str) -> None:
+        """Log refusals at a bounded rate (a flood must not fill the disk)."""
+        now = time.monotonic()
+        with self._lock:
+            self._refused += 1
+            if now - self._refusals_logged < _REFUSALS_LOGGED_EVERY:
+                return
+            count, self._refused, self._refusals_logged = self._refused, 0, now
+        log.warning("%s refused %d connection(s); the last: %s", self.name, count, why)
 
     def close(self) -> None:
         """Stop accepting and cut every connection."""
         self._closed = True
         self.listener.close()
-        for sock in self._conns:
+        with self._lock:
+            conns = list(self._conns)
+        for sock in conns:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()

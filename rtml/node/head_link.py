@@ -33,8 +33,9 @@ KEPT_MAX = 10_000
 
 
 class HeadLink:
-    def __init__(self, address: str, hello: m.Hello) -> None:
+    def __init__(self, address: str, token: str, hello: m.Hello) -> None:
         self.address = address
+        self.token = token
         self.hello = hello
         self.client: FramedClient | None = None
         self.kept: deque[m.Msg] = deque(maxlen=KEPT_MAX)
@@ -46,7 +47,7 @@ class HeadLink:
         delay = 0.05
         while True:
             try:
-                self.client, reply = await FramedClient.connect(self.address, self.hello)
+                self.client, reply = await FramedClient.connect(self.address, self.token, self.hello)
                 return reply
             except ProtocolError as exc:
                 raise RtmlSystemError(f"the head at {self.address} refused this node: "

@@ -28,8 +28,10 @@ class NodeLinks:
     :meth:`fence` waits until the other end has handled what was sent before it.
     """
 
-    def __init__(self, hello: m.Hello, on_answer: Callable[[m.Msg], None]) -> None:
+    def __init__(self, token: str, hello: m.Hello, on_answer: Callable[[m.Msg], None]
+                 ) -> None:
         """``on_answer``: gets what the other ends send back, besides fence answers."""
+        self.token = token
         self.hello = hello
         self.on_answer = on_answer
         self.addresses: dict[bytes, str] = {}
@@ -74,7 +76,7 @@ class NodeLinks:
     async def _run(self, node_id: bytes) -> None:
         address = self.addresses[node_id]
         try:
-            client, _ = await FramedClient.connect(address, self.hello)
+            client, _ = await FramedClient.connect(address, self.token, self.hello)
         except (OSError, TimeoutError, ProtocolError) as exc:
             dropped = self._queues.pop(node_id, [])
             log.warning("cannot reach node %s at %s (%s); dropped %d message(s)",

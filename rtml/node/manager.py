@@ -97,12 +97,12 @@ class NodeManager(Service):
         self.clients: set[Peer] = set()
         self.other_nodes: set[bytes] = set()
         self.leases = LeaseRouter(self.node_id, self.sched, _worker_of)
-        self.links = NodeLinks(make_hello(self.token, "node", self.node_id), self._link_answer)
+        self.links = NodeLinks(self.token, make_hello("node", self.node_id), self._link_answer)
         self.objects = ObjectManager(self.node_id, self.store_dir, str(self.session.spill),
                                      cfg.object_store_memory, self.token, self.links,
                                      self._end_actor)
         self.launcher = WorkerLauncher(zygote, self._worker_gone)
-        self.head = HeadLink(cfg.head_address, make_hello(self.token, "node", self.node_id))
+        self.head = HeadLink(cfg.head_address, self.token, make_hello("node", self.node_id))
 
     def _link_answer(self, msg: m.Msg) -> None:
         if isinstance(msg, m.ObjectLocated):

@@ -57,6 +57,7 @@ side stream short.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import logging
 import os
@@ -94,6 +95,8 @@ logger = logging.getLogger(__name__)
 CHUNK_BYTES = 1024 * 1024
 STREAM_MIN_BYTES = 4 * 1024 * 1024  # objects this large or larger travel on a side stream
 TOKEN_KEY = "rtml-token"
+"""The call metadata that authenticates a pull: ``transfer_key(token)``, never the token,
+so a call seen on the wire opens this port (to read objects) and no other."""
 VERSION_KEY = "rtml-version"
 _MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # any peer's chunk plus its header must fit
 _SERVER_THREADS = 4  # concurrent gRPC calls served; more queue
@@ -129,7 +132,7 @@ class TransferServer:
     def __init__(self, host: str, token: str, locate: Locate,
                  on_served: OnServed | None = None) -> None:
         self._host = host
-        self._token = token.encode()
+        self._key = transfer_key(token).encode()
         self._locate = locate
         self._on_served = on_served
         self._server: Any = None
@@ -226,7 +229,7 @@ class TransferServer:
 
     def _authenticate(self, context: Any) -> None:
         metadata = dict(context.invocation_metadata())
-        if not hmac.compare_digest(str(metadata.get(TOKEN_KEY, "")).encode(), self._token):
+        if not hmac.compare_digest(str(metadata.get(TOKEN_KEY, "")).encode(), self._key):
             _abort(context, grpc.StatusCode.UNAUTHENTICATED,
                    f"wrong cluster token for node {self.address}; start every node of the "
                    "cluster with the same --token (or RTML_TOKEN)")
@@ -339,9 +342,14 @@ def close_channels() -> None:
         channel.close()
 
 
+def transfer_key(token: str) -> str:
+    """What a pull shows for the cluster token: an HMAC of it (TOKEN_KEY)."""
+    return hmac.new(token.encode(), b"rtml: object transfer", hashlib.sha256).hexdigest()
+
+
 def call_metadata(token: str) -> tuple[tuple[str, str], ...]:
-    """The metadata that authenticates a call: cluster token and protocol version."""
-    return ((TOKEN_KEY, token), (VERSION_KEY, str(PROTOCOL_VERSION)))
+    """The metadata that authenticates a call: the transfer key and protocol version."""
+    return ((TOKEN_KEY, transfer_key(token)), (VERSION_KEY, str(PROTOCOL_VERSION)))
 
 
 # -- puller ----------------------------------------------------------------------------------------

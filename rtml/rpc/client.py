@@ -1,12 +1,13 @@
 """Connecting to a daemon: one way to open the socket and one handshake rule, for the
 blocking callers (the client runtime's reactor, the CLI) and the asyncio ones (daemons).
 
-    make_hello(token, role, ...)           the first frame every connection sends
+    make_hello(role, ...)                  who connects (answered to each Challenge)
     connect_socket(address)                a socket to ``unix:/path`` or ``host:port``
-    handshake(sock, hello)                 blocking: Hello out, HelloReply in (check_reply)
-    request(address, hello, msg, Reply)    one blocking request and its answer
-    FramedClient.connect(address, hello)   asyncio: the same socket and rule, then
-                                           send(msg) / await receive()
+    handshake(sock, token, hello)          blocking: Challenge in, Hello out, HelloReply
+                                           in (``rtml.rpc.auth``: both sides proven)
+    request(address, token, hello, msg, Reply)    one blocking request and its answer
+    FramedClient.connect(address, token, hello)   asyncio: the same socket and rule,
+                                                  then send(msg) / await receive()
 
 The reactor's ``open_connection`` (``rtml.rpc.reactor``) opens its connections with
 ``connect_socket`` and ``handshake`` too.
@@ -21,15 +22,16 @@ from typing import Any, TypeVar
 
 from rtml.exceptions import ProtocolError
 from rtml.rpc import messages as m
-from rtml.rpc.auth import HELLO_MAX_FRAME, check_reply
-from rtml.rpc.framing import FrameDecoder, frame
+from rtml.rpc.auth import HELLO_MAX_FRAME, answer, challenge_of, check_reply
+from rtml.rpc.framing import MAX_FRAME, FrameDecoder, frame
 
 R = TypeVar("R", bound=m.Msg)
 
 
-def make_hello(token: str, role: str, client_id: bytes, job_id: bytes = b"",
+def make_hello(role: str, client_id: bytes, job_id: bytes = b"",
                sys_paths: list[str] | None = None, node_id: bytes = b"") -> m.Hello:
-    return m.Hello(token=token, version=m.PROTOCOL_VERSION, role=role, client_id=client_id,
+    """Who connects; ``handshake`` adds the nonce and proof for each connection."""
+    return m.Hello(version=m.PROTOCOL_VERSION, role=role, client_id=client_id,
                    pid=os.getpid(), job_id=job_id, sys_paths=sys_paths or [], node_id=node_id)
 
 
@@ -55,26 +57,36 @@ def connect_socket(address: str, timeout: float = 10.0) -> socket.socket:
     return sock
 
 
-def handshake(sock: socket.socket, hello: m.Hello) -> m.HelloReply:
-    """Send ``hello`` and read the reply on a blocking socket. Raises ProtocolError."""
-    sock.sendall(frame(m.encode(hello)))
+def handshake(sock: socket.socket, token: str, hello: m.Hello) -> m.HelloReply:
+    """Answer the listener's Challenge with ``hello`` and check its reply, on a blocking
+    socket. Raises ProtocolError (refused, or the listener is not the cluster's)."""
     decoder = FrameDecoder(max_frame=HELLO_MAX_FRAME)
-    while True:
+    frames: list[bytes | memoryview] = []
+    received = challenge_of(m.decode(_next_frame(sock, decoder, frames)))
+    answered = answer(received, token, hello)
+    sock.sendall(frame(m.encode(answered)))
+    return check_reply(m.decode(_next_frame(sock, decoder, frames)), token, answered,
+                       received)
+
+
+def _next_frame(sock: socket.socket, decoder: FrameDecoder,
+                frames: list[bytes | memoryview]) -> bytes | memoryview:
+    """The next frame of the handshake (the listener sends nothing more before its reply)."""
+    while not frames:
         data = sock.recv(65536)
         if not data:
             raise ProtocolError("peer closed the connection during the handshake")
-        frames = decoder.feed(data)
-        if frames:
-            return check_reply(m.decode(frames[0]))
+        frames.extend(decoder.feed(data))
+    return frames.pop(0)
 
 
-def request(address: str, hello: m.Hello, msg: m.Msg, reply_type: type[R],
+def request(address: str, token: str, hello: m.Hello, msg: m.Msg, reply_type: type[R],
             timeout: float = 10.0) -> R:
     """Connect, authenticate, send ``msg`` and return the first ``reply_type`` answer.
     Raises OSError (unreachable, timed out, closed) or ProtocolError (refused)."""
     sock = connect_socket(address, timeout)
     try:
-        handshake(sock, hello)
+        handshake(sock, token, hello)
         sock.sendall(frame(m.encode(msg)))
         decoder = FrameDecoder()
         while True:
@@ -99,9 +111,10 @@ class FramedClient:
         self._frames: list[bytes | memoryview] = []
 
     @classmethod
-    async def connect(cls, address: str, hello: m.Hello, timeout: float = 10.0) -> tuple[
-            FramedClient, m.HelloReply]:
-        """Connect and authenticate. Raises OSError, TimeoutError or ProtocolError."""
+    async def connect(cls, address: str, token: str, hello: m.Hello, timeout: float = 10.0
+                      ) -> tuple[FramedClient, m.HelloReply]:
+        """Connect and authenticate (``handshake``). Raises OSError, TimeoutError or
+        ProtocolError."""
         sock, target = _socket_for(address)
         try:
             sock.setblocking(False)
@@ -115,9 +128,14 @@ class FramedClient:
             sock.close()
             raise
         client = cls(reader, writer)
+        client.decoder.max_frame = HELLO_MAX_FRAME
         try:
-            client.send(hello)
-            reply = check_reply(await asyncio.wait_for(client.receive(), timeout))
+            received = challenge_of(await asyncio.wait_for(client.receive(), timeout))
+            answered = answer(received, token, hello)
+            client.send(answered)
+            reply = check_reply(await asyncio.wait_for(client.receive(), timeout), token,
+                                answered, received)
+            client.decoder.max_frame = MAX_FRAME
         except BaseException:
             client.close()
             raise

@@ -3,7 +3,7 @@ imports (``from rtml.rpc import messages as m``).
 
 Each protocol is defined in its own module of ``rtml.rpc.protocols``, with its diagram:
 
-    base   the message base, the handshake (Hello / HelloReply), values inside messages
+    base   the message base, the handshake (Challenge / Hello / HelloReply), values inside messages
     task   owner <-> worker                 PushTask / TaskResult
     node   client (driver/worker) <-> node manager: leases, object store, cancel, and
            the node manager's orders to its workers
@@ -21,6 +21,7 @@ from rtml.rpc.protocols import base, head, link, node, task
 from rtml.rpc.protocols.base import (
     PROTOCOL_VERSION,
     ActorSpec,
+    Challenge,
     Hello,
     HelloReply,
     Msg,
@@ -112,6 +113,7 @@ __all__ = [
     "CancelLeaseRequest",
     "CancelRunning",
     "CancelTask",
+    "Challenge",
     "ClusterInfo",
     "CreateActor",
     "CreateObject",

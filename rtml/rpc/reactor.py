@@ -659,16 +659,17 @@ def _never() -> bool:
     return False
 
 
-def open_connection(reactor: Reactor, address: str, hello: m.Hello, handler: Handler,
-                    on_close: CloseHandler | None = None, timeout: float = 10.0,
-                    batched: bool = False) -> tuple[Connection, m.HelloReply]:
+def open_connection(reactor: Reactor, address: str, token: str, hello: m.Hello,
+                    handler: Handler, on_close: CloseHandler | None = None,
+                    timeout: float = 10.0, batched: bool = False
+                    ) -> tuple[Connection, m.HelloReply]:
     """Connect, authenticate and register a connection. Raises RtmlSystemError."""
     try:
         sock = connect_socket(address, timeout)
     except OSError as exc:
         raise RtmlSystemError(f"cannot connect to {address}: {exc}") from exc
     try:
-        reply = handshake(sock, hello)
+        reply = handshake(sock, token, hello)
     except (OSError, ProtocolError) as exc:
         sock.close()
         raise RtmlSystemError(f"handshake with {address} failed: {exc}") from exc

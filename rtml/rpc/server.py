@@ -1,6 +1,7 @@
 """Framed, authenticated connections for the asyncio daemons.
 
-    peer --Hello(token)--> FramedProtocol --check_hello--> on_hello -> HelloReply
+    FramedProtocol --Challenge--> peer --Hello(proof)--> check_hello --> on_hello
+        -> HelloReply(proof)   (rtml.rpc.auth: both sides prove they hold the token)
     peer --frames--------> FramedProtocol --decode------> on_message(conn, msg)
 
 A bad first frame, a wrong token, an oversized or undecodable frame closes
@@ -18,7 +19,7 @@ import msgspec
 
 from rtml.exceptions import ProtocolError
 from rtml.rpc import messages as m
-from rtml.rpc.auth import HELLO_MAX_FRAME, check_hello
+from rtml.rpc.auth import HELLO_MAX_FRAME, challenge, check_hello, sign
 from rtml.rpc.framing import MAX_FRAME, FrameDecoder, frame
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
         self.service = service
         self.decoder = FrameDecoder(max_frame=HELLO_MAX_FRAME)
         self.peer: Peer | None = None
+        self.challenge = challenge()
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return _RECV_BUFFER
@@ -80,6 +82,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.peer = Peer(transport)
+        self.peer.send(self.challenge)
 
     def data_received(self, data: bytes | memoryview) -> None:
         peer = self.peer
@@ -106,11 +109,11 @@ class FramedProtocol(asyncio.BufferedProtocol):
             log.exception("handling %s failed", type(msg).__name__)
 
     def _authenticate(self, peer: Peer, msg: object) -> None:
-        hello = check_hello(msg, self.service.token)
+        hello = check_hello(msg, self.service.token, self.challenge)
         reply = self.service.on_hello(peer, hello)
         peer.hello = hello
         self.decoder.max_frame = MAX_FRAME
-        peer.send(reply)
+        peer.send(sign(reply, self.service.token, hello, self.challenge) if reply.ok else reply)
         if not reply.ok:
             peer.close()
 

@@ -26,7 +26,7 @@ from rtml.core import context
 from rtml.core.runtime import ClientConfig, ClientRuntime
 from rtml.exceptions import ProtocolError
 from rtml.rpc import messages as m
-from rtml.rpc.auth import HELLO_MAX_FRAME, check_hello
+from rtml.rpc.auth import HELLO_MAX_FRAME, challenge, check_hello, sign
 from rtml.rpc.framing import frame
 from rtml.rpc.reactor import Connection, Reactor
 from rtml.session import Session
@@ -54,14 +54,17 @@ class TaskServer:
     def accept(self, sock: socket.socket) -> None:
         if sock.family != socket.AF_UNIX:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn = Connection(self.rt.reactor, sock, self._on_first, name="owner")
-        conn._decoder.max_frame = HELLO_MAX_FRAME  # nothing big before the token is shown
+        sent = challenge()
+        conn = Connection(self.rt.reactor, sock,
+                          lambda conn, msg: self._on_first(conn, msg, sent), name="owner")
+        conn._decoder.max_frame = HELLO_MAX_FRAME  # nothing big before the token is proven
         self.rt.reactor.add(conn)
+        conn.send(sent)
 
-    def _on_first(self, conn: Connection, msg: Any) -> None:
+    def _on_first(self, conn: Connection, msg: Any, sent: m.Challenge) -> None:
         sock, unread = conn.detach()
         try:
-            hello = check_hello(msg, self.rt.token)
+            hello = check_hello(msg, self.rt.token, sent)
             if unread:
                 raise ProtocolError("frames after Hello before its reply")
         except ProtocolError as exc:
@@ -77,7 +80,8 @@ class TaskServer:
             if path not in self.rt.sys_paths:
                 self.rt.sys_paths.append(path)
         owner = Connection(self.reactor, sock, self._on_message, name="owner")
-        owner.send(m.HelloReply(ok=True, node_id=self.rt.node_id))
+        owner.send(sign(m.HelloReply(ok=True, node_id=self.rt.node_id), self.rt.token, hello,
+                        sent))
         self.reactor.add(owner)
 
     def _on_message(self, conn: Connection, msg: Any) -> None:

@@ -107,12 +107,12 @@ def test_joining_with_a_wrong_token_is_refused_and_changes_nothing(two_nodes) ->
 
 def test_an_incompatible_protocol_version_is_refused(two_nodes) -> None:
     cluster, _ = two_nodes
-    hello = make_hello(cluster.token, "node", b"\x01" * 16)
+    hello = make_hello("node", b"\x01" * 16)
     hello.version = m.PROTOCOL_VERSION + 1
     sock = connect_socket(cluster.address, timeout=5)
     try:
         with pytest.raises(Exception, match="version"):
-            handshake(sock, hello)
+            handshake(sock, cluster.token, hello)
     finally:
         sock.close()
     assert all(n["Alive"] for n in rtml.nodes())

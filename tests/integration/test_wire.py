@@ -1,4 +1,5 @@
-"""Wire robustness: every listening socket demands the token first and survives bad frames."""
+"""Wire robustness: every listening socket demands proof of the token first and survives
+bad frames."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 import rtml
 from rtml.rpc import messages as m
+from rtml.rpc.auth import answer, challenge_of
 from rtml.rpc.framing import FrameDecoder, frame
 
 
@@ -40,20 +42,28 @@ def _read_until_closed(sock: socket.socket) -> list[object]:
         messages += [m.decode(f) for f in decoder.feed(data)]
 
 
+def _challenge(sock: socket.socket) -> m.Challenge:
+    """The listener's first frame (alone: it waits for our Hello)."""
+    (first,) = FrameDecoder().feed(sock.recv(65536))
+    return challenge_of(m.decode(first))
+
+
 def _addresses() -> list[str]:
     node = rtml.nodes()[0]
     head = rtml.api._context.address_info["address"]  # type: ignore[union-attr]
     return [node["NodeManagerAddress"], head]
 
 
-def _hello(token: str, version: int = m.PROTOCOL_VERSION) -> bytes:
-    return frame(m.encode(m.Hello(token, version, "driver", b"x" * 16, 1)))
+def _hello(sock: socket.socket, token: str, version: int = m.PROTOCOL_VERSION) -> bytes:
+    """A Hello answering the Challenge ``sock`` received, proving ``token``."""
+    hello = m.Hello(version, "driver", b"x" * 16, 1)
+    return frame(m.encode(answer(_challenge(sock), token, hello)))
 
 
 @pytest.mark.parametrize("which", [0, 1], ids=["node_manager", "head"])
 def test_wrong_token_is_refused_and_the_daemon_keeps_serving(cluster: None, which: int) -> None:
     sock = _open(_addresses()[which])
-    sock.sendall(_hello("not-the-token"))
+    sock.sendall(_hello(sock, "not-the-token"))
     replies = _read_until_closed(sock)
     assert len(replies) == 1 and isinstance(replies[0], m.HelloReply)
     assert not replies[0].ok and "token" in replies[0].error
@@ -64,7 +74,7 @@ def test_wrong_token_is_refused_and_the_daemon_keeps_serving(cluster: None, whic
 def test_wrong_protocol_version_is_refused(cluster: None, which: int) -> None:
     token = rtml.core.context.require_runtime().token
     sock = _open(_addresses()[which])
-    sock.sendall(_hello(token, version=m.PROTOCOL_VERSION + 99))
+    sock.sendall(_hello(sock, token, version=m.PROTOCOL_VERSION + 99))
     replies = _read_until_closed(sock)
     assert not replies[0].ok and "protocol version" in replies[0].error  # type: ignore[attr-defined]
 
@@ -78,6 +88,7 @@ def test_wrong_protocol_version_is_refused(cluster: None, which: int) -> None:
 def test_bad_first_frame_closes_only_that_connection(cluster: None, payload: bytes) -> None:
     for address in _addresses():
         sock = _open(address)
+        _challenge(sock)
         sock.sendall(payload)
         assert all(isinstance(r, m.HelloReply) and not r.ok for r in _read_until_closed(sock))
     assert rtml.get(plus_one.remote(41), timeout=60) == 42
@@ -86,7 +97,7 @@ def test_bad_first_frame_closes_only_that_connection(cluster: None, payload: byt
 def test_bad_frame_after_a_good_hello_closes_the_connection(cluster: None) -> None:
     token = rtml.core.context.require_runtime().token
     sock = _open(_addresses()[0])
-    sock.sendall(_hello(token))
+    sock.sendall(_hello(sock, token))
     sock.sendall(frame(b"\xc1 definitely not msgpack"))
     replies = _read_until_closed(sock)
     assert isinstance(replies[0], m.HelloReply) and replies[0].ok

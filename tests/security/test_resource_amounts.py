@@ -19,7 +19,7 @@ import rtml
 from rtml.core import context
 from rtml.ids import random_id
 from rtml.rpc import messages as m
-from rtml.rpc.client import make_hello
+from rtml.rpc.client import connect_socket, handshake, make_hello
 from rtml.rpc.framing import FrameDecoder, frame
 from rtml.scheduler.resources import bad_amount
 
@@ -74,21 +74,12 @@ def test_a_bad_amount_in_a_hand_made_request_is_refused_and_the_node_keeps_its_c
 
 @contextlib.contextmanager
 def _raw(address: str) -> Iterator[tuple[socket.socket, FrameDecoder]]:
-    """A connection to a daemon that showed the cluster token (a token holder's)."""
-    if address.startswith("unix:"):
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(10)
-        sock.connect(address[5:])
-    else:
-        host, _, port = address.rpartition(":")
-        sock = socket.create_connection((host, int(port)), timeout=10)
-    decoder = FrameDecoder()
+    """A connection to a daemon that proved it holds the cluster token (a token holder's)."""
+    rt = context.require_runtime()
+    sock = connect_socket(address)
     try:
-        rt = context.require_runtime()
-        sock.sendall(frame(m.encode(make_hello(rt.token, "driver", random_id(), rt.job_id))))
-        (hello,) = _read(sock, decoder, 1)
-        assert isinstance(hello, m.HelloReply) and hello.ok, hello
-        yield sock, decoder
+        handshake(sock, rt.token, make_hello("driver", random_id(), rt.job_id))
+        yield sock, FrameDecoder()
     finally:
         sock.close()
 

@@ -104,7 +104,9 @@ def _spec() -> m.TaskSpec:
 
 
 SAMPLES = [
-    m.Hello("tok", m.PROTOCOL_VERSION, "driver", b"c" * 16, 123, b"j" * 4, ["/a", "/b"]),
+    m.Challenge(m.PROTOCOL_VERSION, b"s" * 16),
+    m.Hello(m.PROTOCOL_VERSION, "driver", b"c" * 16, 123, b"j" * 4, ["/a", "/b"],
+            nonce=b"n" * 16, proof=b"p" * 32),
     m.HelloReply(True, "", b"n" * 16, {"store_dir": "/dev/shm/rtml-abc"}),
     m.PushTask(_spec()),
     m.TaskResult(b"t" * 16, (m.ReturnObject(b"o" * 24, m.Payload(b"v"), 1),

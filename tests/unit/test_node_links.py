@@ -8,10 +8,12 @@ import socket
 
 from rtml.node.links import NodeLinks
 from rtml.rpc import messages as m
+from rtml.rpc.auth import challenge, check_hello, sign
 from rtml.rpc.client import make_hello
 from rtml.rpc.framing import FrameDecoder, frame
 
 NODE = b"n" * 16
+TOKEN = "t" * 32
 
 
 class PeerNode:
@@ -24,12 +26,16 @@ class PeerNode:
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         decoder = FrameDecoder()
+        sent = challenge()
+        writer.write(frame(m.encode(sent)))
         while data := await reader.read(1 << 16):
             for payload in decoder.feed(data):
                 msg = m.decode(payload)
                 self.seen.append(msg)
                 if isinstance(msg, m.Hello):
-                    writer.write(frame(m.encode(m.HelloReply(ok=True))))
+                    hello = check_hello(msg, TOKEN, sent)
+                    writer.write(frame(m.encode(sign(m.HelloReply(ok=True), TOKEN, hello,
+                                                     sent))))
                 elif isinstance(msg, m.LinkFence):
                     await asyncio.sleep(self.delay)
                     writer.write(frame(m.encode(m.LinkFenced(msg.req_id))))
@@ -40,7 +46,7 @@ class PeerNode:
 
 
 def _links(answers: list[object] | None = None) -> NodeLinks:
-    return NodeLinks(make_hello("", "node", b"me" * 8),
+    return NodeLinks(TOKEN, make_hello("node", b"me" * 8),
                      (answers if answers is not None else []).append)
 
 

@@ -21,7 +21,8 @@ def defined(module: object) -> set[type]:
 def test_each_protocol_lists_exactly_the_messages_it_defines() -> None:
     for name, module in PROTOCOLS.items():
         assert set(typing.get_args(module.Message)) == defined(module), name
-    assert set(typing.get_args(base.Handshake)) == defined(base) == {m.Hello, m.HelloReply}
+    assert set(typing.get_args(base.Handshake)) == defined(base) == {m.Challenge, m.Hello,
+                                                                     m.HelloReply}
 
 
 def test_the_codec_decodes_every_message_of_every_protocol_and_tags_are_unique() -> None:
@@ -33,7 +34,7 @@ def test_the_codec_decodes_every_message_of_every_protocol_and_tags_are_unique()
 
 
 @pytest.mark.parametrize("msg", [
-    m.Hello("t", m.PROTOCOL_VERSION, "driver", b"c" * 16, 1),
+    m.Hello(m.PROTOCOL_VERSION, "driver", b"c" * 16, 1),
     m.PushTask(m.TaskSpec(b"t" * 20, b"j" * 4, "f", b"x" * 16, (), (), 1, b"o" * 16)),
     m.RequestLease(3, {"CPU": 1.0}, strategy="SPREAD"),
     m.LinkFence(9),

@@ -134,7 +134,7 @@ def test_a_head_that_cannot_be_reached_fails_construction_after_the_node_manager
     from rtml.exceptions import RtmlSystemError
     from tests.unit.test_references import stand_ins
 
-    nm_address, _, connections = stand_ins(tmp_path)
+    nm_address, _, connections = stand_ins(tmp_path, "t" * 32)
     before = set(threading.enumerate())
     with pytest.raises(RtmlSystemError, match="no-head.sock"):
         ClientRuntime(ClientConfig("driver", "t" * 32, nm_address,

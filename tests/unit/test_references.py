@@ -19,6 +19,7 @@ import pytest
 from rtml.core.references import ReferenceCounter
 from rtml.core.runtime import ClientConfig, ClientRuntime
 from rtml.rpc import messages as m
+from rtml.rpc.auth import challenge, check_hello, sign
 from rtml.rpc.framing import FrameDecoder, frame
 
 ME = b"c" * 16
@@ -54,17 +55,23 @@ class NodeManager:
         self.sock.sendall(frame(m.encode(msg)))
 
 
-def _answer_hello(listener: socket.socket, reply: m.HelloReply) -> socket.socket:
-    """Accept one connection, read its Hello, answer ``reply``; the connection."""
+def _answer_hello(listener: socket.socket, token: str, reply: m.HelloReply
+                  ) -> socket.socket:
+    """Accept one connection, run the listener's side of the handshake for ``token``,
+    answering ``reply``; the connection."""
     conn, _ = listener.accept()
+    sent = challenge()
+    conn.sendall(frame(m.encode(sent)))
     decoder = FrameDecoder()
-    while not decoder.feed(conn.recv(65536)):
+    while not (frames := decoder.feed(conn.recv(65536))):
         pass
-    conn.sendall(frame(m.encode(reply)))
+    hello = check_hello(m.decode(frames[0]), token, sent)
+    conn.sendall(frame(m.encode(sign(reply, token, hello, sent))))
     return conn
 
 
-def stand_ins(tmp_path: Path) -> tuple[str, str, Callable[[], list[socket.socket]]]:
+def stand_ins(tmp_path: Path, token: str = "t"
+              ) -> tuple[str, str, Callable[[], list[socket.socket]]]:
     """Addresses of a node manager and a head that answer one handshake each, and a
     function returning their ends of the connections once both answered."""
     listeners = []
@@ -76,9 +83,9 @@ def stand_ins(tmp_path: Path) -> tuple[str, str, Callable[[], list[socket.socket
     ends: list[socket.socket] = []
 
     def serve() -> None:
-        ends.append(_answer_hello(listeners[0], m.HelloReply(
+        ends.append(_answer_hello(listeners[0], token, m.HelloReply(
             ok=True, node_id=b"n" * 16, info={"store_dir": str(tmp_path)})))
-        ends.append(_answer_hello(listeners[1], m.HelloReply(
+        ends.append(_answer_hello(listeners[1], token, m.HelloReply(
             ok=True, info={"redis_host": "127.0.0.1", "redis_port": "9"})))
 
     thread = threading.Thread(target=serve, daemon=True)

@@ -288,7 +288,7 @@ def _raw_pull(address: str, metadata: tuple[tuple[str, str], ...], object_id: by
 
 def test_wrong_version_is_refused(holder: Holder) -> None:
     object_id = holder.put_bytes(b"data")
-    bad = ((tr.TOKEN_KEY, TOKEN), (tr.VERSION_KEY, str(PROTOCOL_VERSION + 1)))
+    bad = ((tr.TOKEN_KEY, tr.transfer_key(TOKEN)), (tr.VERSION_KEY, str(PROTOCOL_VERSION + 1)))
     with pytest.raises(grpc.RpcError) as info:
         _raw_pull(holder.address, bad, object_id)
     assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -302,7 +302,7 @@ def test_wrong_version_raises_system_error(holder: Holder, dest_dir: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     object_id = holder.put_bytes(b"data")
     monkeypatch.setattr(tr, "call_metadata", lambda token: (
-        (tr.TOKEN_KEY, token), (tr.VERSION_KEY, str(PROTOCOL_VERSION + 1))))
+        (tr.TOKEN_KEY, tr.transfer_key(token)), (tr.VERSION_KEY, str(PROTOCOL_VERSION + 1))))
     with pytest.raises(RtmlSystemError, match="speaks") as info:
         pull(holder.address, TOKEN, object_id, str(dest_dir / "v"))
     assert f"protocol version {PROTOCOL_VERSION + 1}" in str(info.value)
@@ -583,7 +583,7 @@ def test_holder_without_open_stream_is_pulled_in_chunks(holder: Holder, dest_dir
 
 def test_open_stream_authenticates_before_any_lookup(holder: Holder) -> None:
     object_id = holder.put_bytes(os.urandom(STREAM_MIN_BYTES))
-    bad_version = ((tr.TOKEN_KEY, TOKEN), (tr.VERSION_KEY, str(PROTOCOL_VERSION + 1)))
+    bad_version = ((tr.TOKEN_KEY, tr.transfer_key(TOKEN)), (tr.VERSION_KEY, str(PROTOCOL_VERSION + 1)))
     with grpc.insecure_channel(holder.address) as chan:
         for metadata, code in (((), grpc.StatusCode.UNAUTHENTICATED),
                                (((tr.TOKEN_KEY, "nope"), (tr.VERSION_KEY, str(PROTOCOL_VERSION))),

@@ -3,8 +3,8 @@ that travel inside messages (payloads, task arguments and returns, task and acto
 
 Each message is a msgspec ``Struct`` encoded as a msgpack array whose first
 element is its integer tag, so decoding is a single C call into the right
-class. ``PROTOCOL_VERSION`` is checked in the ``Hello`` handshake; bump it
-whenever a message changes shape.
+class. ``PROTOCOL_VERSION`` is checked in the handshake; bump it whenever a message
+changes shape.
 
 Messages are plain data (bytes, numbers, strings, and lists and dicts of them), so they
 can form no reference cycle: they are kept out of the cyclic collector's sight
@@ -12,22 +12,32 @@ can form no reference cycle: they are kept out of the cyclic collector's sight
 driver's collections cost ~4 us per call. The sequences a task carries are tuples, not
 lists, for the same reason: a list is always tracked, and an empty tuple is shared.
 
-Every connection opens with ``Hello`` (the token) and its ``HelloReply``.
+Every connection opens with a handshake that proves both sides know the cluster token
+without sending it (``rtml.rpc.auth``)::
+
+    listener --Challenge(version, nonce S)-->  connector
+    listener <--Hello(..., nonce C, proof = HMAC(token, client, S, C))--
+    listener --HelloReply(..., proof = HMAC(token, server, C, S))-->
 """
 
 from __future__ import annotations
 
 import msgspec
 
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 
 
 class Msg(msgspec.Struct, array_like=True, tag=True, omit_defaults=False, gc=False):
     """Base of all wire messages."""
 
 
+class Challenge(Msg, tag=3):
+    """The listening side's first frame: its protocol version and a fresh nonce."""
+    version: int
+    nonce: bytes
+
+
 class Hello(Msg, tag=1):
-    token: str
     version: int
     role: str  # "driver" | "worker" | "node" | "cli"
     client_id: bytes
@@ -35,6 +45,8 @@ class Hello(Msg, tag=1):
     job_id: bytes = b""
     sys_paths: list[str] = []
     node_id: bytes = b""  # the node the connecting process runs on
+    nonce: bytes = b""  # the connecting side's, fresh for each connection
+    proof: bytes = b""  # that it knows the token, for this Challenge and nonce
 
 
 class HelloReply(Msg, tag=2):
@@ -42,6 +54,7 @@ class HelloReply(Msg, tag=2):
     error: str = ""
     node_id: bytes = b""
     info: dict[str, str] = {}
+    proof: bytes = b""  # that the listener knows the token too (empty on a refusal)
 
 
 class Payload(msgspec.Struct, array_like=True, gc=False):
@@ -106,5 +119,5 @@ class ActorSpec(msgspec.Struct, array_like=True, gc=False):
     owner_node: bytes = b""  # where the owner, and so the life object, is
 
 
-Handshake = Hello | HelloReply
+Handshake = Challenge | Hello | HelloReply
 """How every connection opens."""
