@@ -18,7 +18,6 @@ length alone allocates nothing).
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import hmac
 import logging
@@ -32,6 +31,7 @@ from typing import Any
 
 import cloudpickle
 
+from rtml.rpc.admission import HELLO_TIMEOUT, Admissions, RefusalLog
 from rtml.rpc.auth import NONCE_BYTES, proof
 
 log = logging.getLogger(__name__)
@@ -39,11 +39,9 @@ log = logging.getLogger(__name__)
 _HEADER = struct.Struct(">I")
 MAX_FRAME = 1 << 30
 _CHUNK = 1 << 20
-HELLO_TIMEOUT = 5.0
 MAX_PENDING = 128
 MAX_PENDING_PER_PEER = 16
 _PROOF_BYTES = 32
-_REFUSALS_LOGGED_EVERY = 10.0
 
 
 class WireError(ConnectionError):
@@ -146,12 +144,11 @@ class Acceptor:
         self.listener = listen(host)
         self.address = address_of(self.listener)
         self._conns: set[socket.socket] = set()
-        self._pending: dict[socket.socket, str] = {}  # still proving the token: -> host
-        self._per_host: collections.Counter[str] = collections.Counter()
         self._lock = threading.Lock()
+        self._pending: Admissions[socket.socket] = Admissions(MAX_PENDING,
+                                                              MAX_PENDING_PER_PEER)
+        self._refusals = RefusalLog(log, name)
         self._closed = False
-        self._refused = 0
-        self._refusals_logged = 0.0
         threading.Thread(target=self._accept, name=f"lp-{name[:20]}-accept",
                          daemon=True).start()
 
@@ -162,28 +159,24 @@ class Acceptor:
             except OSError as exc:
                 if self._closed:
                     return
-                self._refuse(f"accept failed ({exc})")  # e.g. out of descriptors: go on
+                self._refusals.refused(f"accept failed ({exc})")  # e.g. out of descriptors
                 time.sleep(0.05)
                 continue
             host = str(peer[0])
             with self._lock:
-                victim = self._oldest_over_cap(host)
-                if victim is not None:
-                    self._count_out(victim)
-                self._pending[sock] = host
-                self._per_host[host] += 1
                 self._conns.add(sock)
-            if victim is not None:  # its handshake thread sees it closed, and counts it out
+            victim = self._pending.arrive(sock, host)
+            if victim is not None:  # its handshake thread sees it closed
                 with contextlib.suppress(OSError):
                     victim.shutdown(socket.SHUT_RDWR)
-                self._refuse(f"closed the oldest connection still proving the token, for "
-                             f"a new one from {host}")
+                self._refusals.refused(f"closed the oldest connection still proving the "
+                                       f"token, for a new one from {host}")
             try:
                 threading.Thread(target=self._admit, args=(sock, host), daemon=True,
                                  name=f"lp-{self.name[:20]}").start()
             except RuntimeError as exc:  # no thread to be had: drop this one, keep going
                 self._done(sock, admitted=False)
-                self._refuse(f"no thread for a connection ({exc})")
+                self._refusals.refused(f"no thread for a connection ({exc})")
 
     def _admit(self, sock: socket.socket, host: str) -> None:
         try:
@@ -192,7 +185,8 @@ class Acceptor:
             admitted = False
         self._done(sock, admitted)
         if not admitted:
-            self._refuse(f"a connection from {host} did not prove the program's token")
+            self._refusals.refused(f"a connection from {host} did not prove the program's "
+                                   f"token in time")
             return
         try:
             self.serve(sock)
@@ -200,41 +194,13 @@ class Acceptor:
             with self._lock:
                 self._conns.discard(sock)
 
-    def _oldest_over_cap(self, host: str) -> socket.socket | None:
-        """The pending connection a new one from ``host`` replaces, if a cap is reached
-        (lock held)."""
-        if self._per_host[host] >= MAX_PENDING_PER_PEER:
-            return next(s for s, h in self._pending.items() if h == host)
-        if len(self._pending) >= MAX_PENDING:
-            return next(iter(self._pending))
-        return None
-
-    def _count_out(self, sock: socket.socket) -> None:
-        """``sock`` no longer counts as pending (lock held; once only)."""
-        host = self._pending.pop(sock, None)
-        if host is not None:
-            self._per_host[host] -= 1
-            if not self._per_host[host]:
-                del self._per_host[host]
-
     def _done(self, sock: socket.socket, admitted: bool) -> None:
         """The handshake of ``sock`` is over: count it out; close it if not admitted."""
-        with self._lock:
-            self._count_out(sock)
-            if not admitted:
-                self._conns.discard(sock)
+        self._pending.leave(sock)
         if not admitted:
+            with self._lock:
+                self._conns.discard(sock)
             sock.close()
-
-    def _refuse(self, why: str) -> None:
-        """Log refusals at a bounded rate (a flood must not fill the disk)."""
-        now = time.monotonic()
-        with self._lock:
-            self._refused += 1
-            if now - self._refusals_logged < _REFUSALS_LOGGED_EVERY:
-                return
-            count, self._refused, self._refusals_logged = self._refused, 0, now
-        log.warning("%s refused %d connection(s); the last: %s", self.name, count, why)
 
     def close(self) -> None:
         """Stop accepting and cut every connection."""

@@ -12,9 +12,10 @@ receives the file. Data flow of one side stream (node B pulls an object node A h
       32 random bytes, single use, ~30 s  --- StreamTicket (gRPC) --->  receive_stream:
                                                                         fallocate the file
     SideStream: an accept thread, then    <-- connect, send ticket ---  _connect
-      a thread per connection (<= 64):
-      Tickets.redeem(ticket); none valid
-        within 5 s: close, nothing sent
+      a thread per connection (<= 64 that
+      have not shown a ticket: a new one
+      closes the oldest); Tickets.redeem(ticket);
+        none valid within 5 s: close, nothing sent
       _sendfile_all(fd), total_size bytes --- raw bytes ------------->  _RECEIVERS[STREAM_RECEIVER]:
                                                                         splice socket -> pipe ->
                                                                         file, or recv_into an
@@ -60,6 +61,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from rtml.exceptions import RtmlSystemError
+from rtml.rpc.admission import Admissions, RefusalLog
 from rtml.rpc.protos import transfer_pb2
 
 __all__ = ["MAX_TICKETS", "STREAM_RECEIVER", "TICKET_BYTES", "PullJob", "SideStream", "Ticket",
@@ -69,7 +71,9 @@ logger = logging.getLogger(__name__)
 
 TICKET_BYTES = 32
 MAX_TICKETS = 1024  # tickets open at once (each holds a descriptor); more are refused
-_MAX_STREAMS = 64  # side connections served at once; more are closed at once
+_MAX_UNREDEEMED = 64
+"""Side connections held before they show a ticket (``rtml.rpc.admission``: a new one
+closes the oldest, so idle connections cannot keep a puller out)."""
 _SEND_STALL_SECONDS = 60.0  # a puller that reads nothing for this long is dropped
 _PIPE_BYTES = 1024 * 1024  # the puller's splice pipe (the unprivileged maximum)
 
@@ -171,6 +175,9 @@ class SideStream:
         self._ticket_wait = ticket_wait
         self._lock = threading.Lock()
         self._active: dict[socket.socket, threading.Thread] = {}
+        self._unredeemed: Admissions[socket.socket] = Admissions(_MAX_UNREDEEMED,
+                                                                 _MAX_UNREDEEMED)
+        self._refusals = RefusalLog(logger, "the side-stream listener")
         self._stopping = threading.Event()
         self._listener: socket.socket | None = None
         self._acceptor: threading.Thread | None = None
@@ -225,26 +232,37 @@ class SideStream:
 
     def _spawn(self, conn: socket.socket, peer: Any) -> None:
         with self._lock:
-            if self._stopping.is_set() or len(self._active) >= _MAX_STREAMS:
-                logger.warning("side connection from %s closed: %s", peer,
-                               "stopping" if self._stopping.is_set() else
-                               f"{len(self._active)} streams already in flight")
+            if self._stopping.is_set():
                 conn.close()
                 return
             thread = threading.Thread(target=self._serve, args=(conn, peer),
                                       name="rtml-side-stream", daemon=True)
             self._active[conn] = thread
-        thread.start()
+        displaced = self._unredeemed.arrive(conn, "")
+        if displaced is not None:  # its thread's recv ends at once: no ticket, closed
+            _shutdown_quietly(displaced)
+            self._refusals.refused(f"closed the oldest connection without a ticket, for "
+                                   f"one from {peer}")
+        try:
+            thread.start()
+        except RuntimeError as exc:  # no thread to be had: drop this one, keep accepting
+            self._unredeemed.leave(conn)
+            with self._lock:
+                del self._active[conn]
+            conn.close()
+            self._refusals.refused(f"no thread for a connection ({exc})")
 
     def _serve(self, conn: socket.socket, peer: Any) -> None:
         """One connection: read its ticket, send the ticket's file, close."""
         try:
             entry = self._admit(conn, peer)
+            self._unredeemed.leave(conn)
             if entry is not None:
                 self._send(conn, entry, peer)
         except OSError as exc:  # the puller went away, stalled, or reset the connection
             logger.info("side stream to %s broken: %s", peer, exc)
         finally:
+            self._unredeemed.leave(conn)
             with self._lock:
                 del self._active[conn]
             conn.close()
@@ -253,12 +271,12 @@ class SideStream:
         """The entry of the valid ticket ``conn`` presents in time, or None (logged)."""
         ticket = _recv_exactly(conn, TICKET_BYTES, self._ticket_wait())
         if len(ticket) < TICKET_BYTES:
-            logger.warning("side connection from %s closed: no ticket within %.1fs (%d of %d "
-                           "bytes)", peer, self._ticket_wait(), len(ticket), TICKET_BYTES)
+            self._refusals.refused(f"no ticket within {self._ticket_wait():.1f}s "
+                                   f"({len(ticket)} of {TICKET_BYTES} bytes), from {peer}")
             return None
         entry = self._tickets.redeem(ticket, time.monotonic())
         if isinstance(entry, str):
-            logger.warning("side connection from %s closed: ticket %s", peer, entry)
+            self._refusals.refused(f"ticket {entry}, from {peer}")
             return None
         return entry
 

@@ -24,8 +24,8 @@ import msgspec
 from rtml.exceptions import ProtocolError
 from rtml.rpc import messages as m
 
-HELLO_MAX_FRAME = 1 << 20
-"""The largest first frame (each way) read before the peer is known."""
+HELLO_MAX_FRAME = 16 << 10
+"""The largest handshake frame (each way) read before the peer is known."""
 NONCE_BYTES = 16
 
 

@@ -5,7 +5,11 @@
     peer --frames--------> FramedProtocol --decode------> on_message(conn, msg)
 
 A bad first frame, a wrong token, an oversized or undecodable frame closes
-that one connection with a logged reason; the daemon keeps serving.
+that one connection with a logged reason; the daemon keeps serving. Before it proves the
+token a connection gets HELLO_TIMEOUT seconds and HELLO_MAX_FRAME bytes, and a listener
+holds at most MAX_PENDING such connections, MAX_PENDING_PER_PEER from one address
+(``rtml.rpc.admission``: a new one displaces the oldest); refusals are logged at a
+bounded rate.
 """
 
 from __future__ import annotations
@@ -19,10 +23,14 @@ import msgspec
 
 from rtml.exceptions import ProtocolError
 from rtml.rpc import messages as m
+from rtml.rpc.admission import HELLO_TIMEOUT, Admissions, RefusalLog
 from rtml.rpc.auth import HELLO_MAX_FRAME, challenge, check_hello, sign
 from rtml.rpc.framing import MAX_FRAME, FrameDecoder, frame
 
 log = logging.getLogger(__name__)
+
+MAX_PENDING = 512
+MAX_PENDING_PER_PEER = 128  # (a node's workers start, and connect, at once)
 
 
 class Peer:
@@ -67,11 +75,15 @@ and reusing it avoids a fresh 256 KiB allocation per read (see rpc.reactor)."""
 class FramedProtocol(asyncio.BufferedProtocol):
     """asyncio protocol: authenticate the first frame, then dispatch messages."""
 
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: Service, pending: Admissions[FramedProtocol],
+                 refusals: RefusalLog) -> None:
         self.service = service
+        self.pending = pending
+        self.refusals = refusals
         self.decoder = FrameDecoder(max_frame=HELLO_MAX_FRAME)
         self.peer: Peer | None = None
         self.challenge = challenge()
+        self.deadline: asyncio.TimerHandle | None = None
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return _RECV_BUFFER
@@ -82,7 +94,21 @@ class FramedProtocol(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.peer = Peer(transport)
+        address = transport.get_extra_info("peername")
+        host = address[0] if isinstance(address, tuple) else "local"
+        displaced = self.pending.arrive(self, host)
+        if displaced is not None and displaced.peer is not None:
+            displaced.peer.close()
+            self.refusals.refused(f"closed the oldest connection still proving the token, "
+                                  f"for a new one from {host}")
+        self.deadline = asyncio.get_running_loop().call_later(HELLO_TIMEOUT, self._too_slow)
         self.peer.send(self.challenge)
+
+    def _too_slow(self) -> None:
+        peer = self.peer
+        if peer is not None and peer.hello is None and not peer.closed:
+            self.refusals.refused(f"no Hello within {HELLO_TIMEOUT:g} s")
+            peer.close()
 
     def data_received(self, data: bytes | memoryview) -> None:
         peer = self.peer
@@ -97,9 +123,11 @@ class FramedProtocol(asyncio.BufferedProtocol):
                 else:
                     self._dispatch(peer, msg)
         except (ProtocolError, msgspec.DecodeError, ValueError) as exc:
-            log.warning("closing connection: %s", exc)
             if peer.hello is None:
+                self.refusals.refused(str(exc))
                 peer.send(m.HelloReply(ok=False, error=str(exc)))
+            else:
+                log.warning("closing connection: %s", exc)
             peer.close()
 
     def _dispatch(self, peer: Peer, msg: object) -> None:
@@ -110,6 +138,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
 
     def _authenticate(self, peer: Peer, msg: object) -> None:
         hello = check_hello(msg, self.service.token, self.challenge)
+        self._settled()
         reply = self.service.on_hello(peer, hello)
         peer.hello = hello
         self.decoder.max_frame = MAX_FRAME
@@ -117,9 +146,17 @@ class FramedProtocol(asyncio.BufferedProtocol):
         if not reply.ok:
             peer.close()
 
+    def _settled(self) -> None:
+        """No longer a pending connection (proven, or gone)."""
+        self.pending.leave(self)
+        if self.deadline is not None:
+            self.deadline.cancel()
+            self.deadline = None
+
     def connection_lost(self, exc: Exception | None) -> None:
         peer = self.peer
         assert peer is not None
+        self._settled()
         peer.closed = True
         if peer.hello is not None:
             try:
@@ -129,4 +166,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
 
 
 def protocol_factory(service: Service) -> Callable[[], FramedProtocol]:
-    return lambda: FramedProtocol(service)
+    """The protocols of one listener of ``service`` (its own caps on pending connections)."""
+    pending: Admissions[FramedProtocol] = Admissions(MAX_PENDING, MAX_PENDING_PER_PEER)
+    refusals = RefusalLog(log, type(service).__name__)
+    return lambda: FramedProtocol(service, pending, refusals)

@@ -26,6 +26,7 @@ from rtml.core import context
 from rtml.core.runtime import ClientConfig, ClientRuntime
 from rtml.exceptions import ProtocolError
 from rtml.rpc import messages as m
+from rtml.rpc.admission import HELLO_TIMEOUT, Admissions, RefusalLog
 from rtml.rpc.auth import HELLO_MAX_FRAME, challenge, check_hello, sign
 from rtml.rpc.framing import frame
 from rtml.rpc.reactor import Connection, Reactor
@@ -34,6 +35,9 @@ from rtml.worker.executor import Executor
 from rtml.worker.output import OutputTee
 
 log = logging.getLogger(__name__)
+
+MAX_PENDING = 64
+"""Connections this worker holds that have not proven the token (``rtml.rpc.admission``)."""
 
 
 class TaskServer:
@@ -50,25 +54,40 @@ class TaskServer:
         self.rt = rt
         self.executor = executor
         self.reactor = reactor
+        self.pending: Admissions[Connection] = Admissions(MAX_PENDING, MAX_PENDING)
+        self.refusals = RefusalLog(log, "this worker")
 
     def accept(self, sock: socket.socket) -> None:
+        """A new connection (on the runtime's I/O thread): counted in, with its deadline."""
         if sock.family != socket.AF_UNIX:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sent = challenge()
         conn = Connection(self.rt.reactor, sock,
                           lambda conn, msg: self._on_first(conn, msg, sent), name="owner")
         conn._decoder.max_frame = HELLO_MAX_FRAME  # nothing big before the token is proven
+        displaced = self.pending.arrive(conn, "")
+        if displaced is not None:
+            displaced.close()
+            self.refusals.refused("closed the oldest connection still proving the token")
         self.rt.reactor.add(conn)
+        self.rt.reactor.call_later(HELLO_TIMEOUT, lambda: self._too_slow(conn))
         conn.send(sent)
 
+    def _too_slow(self, conn: Connection) -> None:
+        self.pending.leave(conn)
+        if not conn.closed:  # (detached once its Hello came: closed for this reactor)
+            self.refusals.refused(f"no Hello within {HELLO_TIMEOUT:g} s")
+            conn.close()
+
     def _on_first(self, conn: Connection, msg: Any, sent: m.Challenge) -> None:
+        self.pending.leave(conn)
         sock, unread = conn.detach()
         try:
             hello = check_hello(msg, self.rt.token, sent)
             if unread:
                 raise ProtocolError("frames after Hello before its reply")
         except ProtocolError as exc:
-            log.warning("refusing a connection: %s", exc)
+            self.refusals.refused(str(exc))
             with contextlib.suppress(OSError):
                 sock.settimeout(1.0)
                 sock.sendall(frame(m.encode(m.HelloReply(ok=False, error=str(exc)))))

@@ -65,9 +65,15 @@ class Impostor:
             with conn:
                 conn.sendall(frame(m.encode(challenge())))
                 decoder = FrameDecoder()
-                while not (hello := decoder.feed(data := conn.recv(65536))):
+                hello: list[bytes | memoryview] = []
+                while not hello:
+                    data = conn.recv(65536)
+                    if not data:
+                        break
                     self.received += data
-                self.received += data
+                    hello = decoder.feed(data)
+                if not hello:
+                    continue
                 assert isinstance(m.decode(hello[0]), m.Hello)
                 conn.sendall(frame(m.encode(m.HelloReply(ok=True, proof=b"\0" * 32,
                                                          info={"store_dir": "/tmp"}))))

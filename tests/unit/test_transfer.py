@@ -598,6 +598,22 @@ def test_open_stream_authenticates_before_any_lookup(holder: Holder) -> None:
     assert len(holder.located) == 1  # only the authenticated call looked anything up
 
 
+def test_idle_side_connections_do_not_keep_a_pull_out(holder: Holder, dest_dir: Path,
+                                                      paths: list[str]) -> None:
+    object_id = holder.put_bytes(os.urandom(STREAM_MIN_BYTES + 3))
+    idle = [socket.create_connection(("127.0.0.1", holder.server.stream_port))
+            for _ in range(3 * ts._MAX_UNREDEEMED)]  # none shows a ticket
+    try:
+        time.sleep(0.2)
+        dest = dest_dir / "copy"
+        assert pull(holder.address, TOKEN, object_id, str(dest)) == STREAM_MIN_BYTES + 3
+        assert paths == ["stream"]
+        assert dest.read_bytes() == holder.path(object_id).read_bytes()
+    finally:
+        for sock in idle:
+            sock.close()
+
+
 def test_stub_client_can_use_the_side_stream(holder: Holder, channel: grpc.Channel) -> None:
     data = os.urandom(STREAM_MIN_BYTES + 17)
     object_id = holder.put_bytes(data)
