@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import time
 from typing import Any, TypeVar
 
 from rtml.exceptions import ProtocolError
@@ -49,12 +50,20 @@ def connect_socket(address: str, timeout: float = 10.0) -> socket.socket:
     """A blocking socket connected to ``unix:/path`` or ``host:port``. Raises OSError."""
     sock, target = _socket_for(address)
     sock.settimeout(timeout)
+    deadline = time.monotonic() + timeout
     try:
-        sock.connect(target)
+        while True:
+            try:
+                sock.connect(target)
+                return sock
+            except BlockingIOError:  # a Unix listener's backlog is full (it is flooded, or
+                if time.monotonic() > deadline:  # busy): wait, as TCP's connect does
+                    raise TimeoutError(f"{address} accepted no connection within "
+                                       f"{timeout:g} s") from None
+                time.sleep(0.005)
     except BaseException:
         sock.close()
         raise
-    return sock
 
 
 def handshake(sock: socket.socket, token: str, hello: m.Hello) -> m.HelloReply:

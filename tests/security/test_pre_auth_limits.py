@@ -20,6 +20,7 @@ import rtml
 from rtml.core import context
 from rtml.rpc import messages as m
 from rtml.rpc.admission import HELLO_TIMEOUT
+from rtml.rpc.client import connect_socket
 from rtml.rpc.framing import FrameDecoder
 from rtml.rpc.server import MAX_PENDING
 
@@ -32,14 +33,7 @@ def square(x: int) -> int:
 
 
 def _open(address: str) -> socket.socket:
-    if address.startswith("unix:"):
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.connect(address[5:])
-    else:
-        host, _, port = address.rpartition(":")
-        sock = socket.create_connection((host, int(port)))
-    sock.settimeout(HELLO_TIMEOUT + 5)
-    return sock
+    return connect_socket(address, timeout=HELLO_TIMEOUT + 5)
 
 
 def _daemons() -> list[tuple[str, psutil.Process]]:
