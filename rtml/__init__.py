@@ -25,6 +25,7 @@ if TYPE_CHECKING:
         cluster_resources,
         get,
         get_actor,
+        get_gpu_ids,
         get_runtime_context,
         init,
         is_initialized,
@@ -44,24 +45,28 @@ __version__ = "0.1.0"
 
 _HOME = {
     **dict.fromkeys(["available_resources", "cancel", "cluster_resources", "get", "get_actor",
-                     "get_runtime_context", "init", "is_initialized", "kill", "nodes", "put",
-                     "remote", "shutdown", "timeline", "wait"], "rtml.api"),
+                     "get_gpu_ids", "get_runtime_context", "init", "is_initialized", "kill",
+                     "nodes", "put", "remote", "shutdown", "timeline", "wait"], "rtml.api"),
     "ActorHandle": "rtml.core.actors", "method": "rtml.core.actors",
     "ObjectRef": "rtml.core.object_ref",
     "NodeAffinitySchedulingStrategy": "rtml.core.options",
 }
 
+_MODULES = {"actor", "dag", "exceptions", "experimental", "job_config", "util"}
+"""Submodules reachable as attributes without their own import (``rtml.util.ActorPool``
+after ``import rtml``, as in Ray)."""
+
 __all__ = [
     "ActorHandle", "NodeAffinitySchedulingStrategy", "ObjectRef", "available_resources",
-    "cancel", "cluster_resources", "exceptions", "get", "get_actor", "get_runtime_context",
-    "init", "is_initialized", "kill", "method", "nodes", "put", "remote", "shutdown",
-    "timeline", "wait",
+    "cancel", "cluster_resources", "exceptions", "get", "get_actor", "get_gpu_ids",
+    "get_runtime_context", "init", "is_initialized", "kill", "method", "nodes", "put",
+    "remote", "shutdown", "timeline", "wait",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "exceptions":
-        return importlib.import_module("rtml.exceptions")
+    if name in _MODULES:
+        return importlib.import_module(f"rtml.{name}")
     home = _HOME.get(name)
     if home is None:
         raise AttributeError(f"module 'rtml' has no attribute {name!r}")

@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 import uuid
+from collections.abc import Iterator, Mapping
 from itertools import repeat
 from operator import attrgetter
 from pathlib import Path
@@ -23,6 +24,7 @@ from rtml.core.object_ref import ObjectRef
 from rtml.core.options import check_namespace, check_timeout
 from rtml.core.remote_function import RemoteFunction
 from rtml.core.runtime import ClientConfig, ClientRuntime
+from rtml.core.runtime_context import RuntimeContext, gpu_ids
 from rtml.ids import new_job_id
 from rtml.rpc import messages as m
 from rtml.scheduler.resources import bad_amount
@@ -36,11 +38,21 @@ _sigint_handler: Any = None  # ours, while init() has replaced the default Ctrl-
 _ID = attrgetter("id")  # an ObjectRef's id, at C speed over many refs
 
 
-class InitContext:
-    """What ``init`` returns: ``address_info`` names the cluster joined."""
+class InitContext(Mapping[str, str]):
+    """What ``init`` returns: ``address_info`` names the cluster joined, and the context
+    reads as that dict (``ctx["node_id"]``, ``ctx["address"]``), as Ray's."""
 
     def __init__(self, address_info: dict[str, str]) -> None:
         self.address_info = address_info
+
+    def __getitem__(self, key: str) -> str:
+        return self.address_info[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.address_info)
+
+    def __len__(self) -> int:
+        return len(self.address_info)
 
     def __enter__(self) -> InitContext:
         return self
@@ -101,7 +113,9 @@ def init(address: str | None = None, *, num_cpus: float | None = None,
                       namespace or f"anonymous-{uuid.uuid4()}", bool(log_to_driver))
         context.set_runtime(rt)
         _defer_ctrl_c(rt)
-        _context = InitContext({"address": head_address, "node_id": rt.node_id.hex(),
+        _context = InitContext({"address": head_address, "gcs_address": head_address,
+                                "node_id": rt.node_id.hex(),
+                                "node_ip_address": rt.node_ip,
                                 "session_dir": str(session.root)})
         return _context
 
@@ -362,6 +376,26 @@ def get_actor(name: str, namespace: str | None = None) -> ActorHandle:
     return _handle_from_spec(rt, info.spec)
 
 
+def list_named_actors(all_namespaces: bool = False) -> list[Any]:
+    """The names of the live named actors in this job's namespace; with
+    ``all_namespaces``, ``{"name": ..., "namespace": ...}`` for every namespace's (as
+    Ray's ``ray.util.list_named_actors``)."""
+    rt = context.require_runtime()
+    job_id = rt.job_id or context.current_job()  # a worker's namespace: its job's
+    reply: m.NamedActors = rt.request(rt.head, lambda req_id: m.ListNamedActors(
+        req_id, rt.config.namespace, bool(all_namespaces), job_id), rt.head.timeout)
+    if all_namespaces:
+        return [{"name": name, "namespace": ns} for ns, name in reply.names]
+    return [name for _, name in reply.names]
+
+
+def get_node_ip_address() -> str:
+    """The address of this process's node (where it listens for other nodes); the
+    machine's address on its default route before ``init``."""
+    rt = context.get_runtime()
+    return rt.node_ip if rt is not None else cluster.detect_node_ip()
+
+
 def _handle_from_spec(rt: ClientRuntime, spec: m.ActorSpec) -> ActorHandle:
     cls = rt.functions.get(spec.class_id)
     if cls is None:
@@ -397,8 +431,14 @@ def _sum_resources(field: str) -> dict[str, float]:
     return total
 
 
-def get_runtime_context() -> context.RuntimeContext:
-    return context.RuntimeContext(context.require_runtime())
+def get_runtime_context() -> RuntimeContext:
+    return RuntimeContext(context.require_runtime())
+
+
+def get_gpu_ids() -> list[int]:
+    """The GPUs assigned to the running task or actor (its ``CUDA_VISIBLE_DEVICES``); []
+    in a driver."""
+    return gpu_ids()
 
 
 def timeline(filename: str | None = None) -> list[dict[str, Any]]:

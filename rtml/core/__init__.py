@@ -2,11 +2,11 @@
 submit tasks, call actors, and own, borrow and read objects.
 
 Its face: ``runtime`` (``ClientRuntime``, ``ClientConfig``), ``object_ref``,
-``remote_function``, ``actors`` (classes, handles, callers), ``options``, ``context``
-(the current runtime and task), ``serialization`` and ``memory_store`` (the owner's
-values). ``submitter``, ``owner``, ``references``, ``calls`` and ``arguments`` are the
-runtime's private parts.
+``remote_function``, ``actors`` (classes, handles, callers), ``dag`` (lazy graphs of
+their calls), ``options``, ``context`` (the current runtime and task), ``serialization``
+and ``memory_store`` (the owner's values). ``submitter``, ``owner``, ``references``,
+``calls`` and ``arguments`` are the runtime's private parts.
 """
 
-__all__ = ["actors", "context", "memory_store", "object_ref", "options", "remote_function",
-           "runtime", "serialization"]
+__all__ = ["actors", "context", "dag", "memory_store", "object_ref", "options",
+           "remote_function", "runtime", "runtime_context", "serialization"]

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from rtml.core import context
 from rtml.core.arguments import build_args
 from rtml.core.calls import submit_call
+from rtml.core.dag import ClassMethodNode, ClassNode
 from rtml.core.object_ref import ObjectRef, borrow
 from rtml.core.options import ACTOR_OPTIONS, METHOD_OPTIONS, check_options, strategy_of
 from rtml.core.remote_function import Exported
@@ -89,6 +90,11 @@ class ActorClass(Exported):
 
     def remote(self, *args: Any, **kwargs: Any) -> ActorHandle:
         return self._create(self._options, args, kwargs)
+
+    def bind(self, *args: Any, **kwargs: Any) -> ClassNode:
+        """A lazy actor (``rtml.dag``): started anew by each ``execute()`` of its graph.
+        Raises TypeError if the constructor cannot take these arguments."""
+        return ClassNode(self, args, kwargs, self._check, self._method_checks)
 
     def _create(self, options: dict[str, Any], args: tuple[Any, ...],
                 kwargs: dict[str, Any]) -> ActorHandle:
@@ -191,6 +197,11 @@ class _BoundClass:
     def remote(self, *args: Any, **kwargs: Any) -> ActorHandle:
         return self._actor_class._create(self._opts, args, kwargs)
 
+    def bind(self, *args: Any, **kwargs: Any) -> ClassNode:
+        """A lazy actor with these options (``rtml.dag``)."""
+        actor_class = self._actor_class
+        return ClassNode(self, args, kwargs, actor_class._check, actor_class._method_checks)
+
 
 class ActorHandle:
     """A picklable handle to an actor; ``handle.method.remote(...)`` calls it.
@@ -268,6 +279,10 @@ class ActorMethod:
                            num_returns=self._num_returns, shape={},
                            max_retries=self._max_task_retries, retry_exceptions=False,
                            actor_id=self._actor_id, method=self._name, keep=self._life)
+
+    def bind(self, *args: Any, **kwargs: Any) -> ClassMethodNode:
+        """A lazy call of this actor's method (``rtml.dag``), made by each ``execute()``."""
+        return ClassMethodNode(self, self._name, args, kwargs, self._check)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(f"actor method {self._name!r} cannot be called directly; "

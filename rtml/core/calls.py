@@ -24,22 +24,25 @@ if TYPE_CHECKING:
 def submit_call(rt: ClientRuntime, *, name: str, function_id: bytes, args: tuple[Any, ...],
                 kwargs: dict[str, Any], num_returns: int, shape: Shape, max_retries: int,
                 retry_exceptions: Any, actor_id: bytes = b"", method: str = "",
-                key: tuple[Any, ...] = (), keep: Any = None) -> Any:
+                key: tuple[Any, ...] = (), keep: Any = None,
+                resources: dict[str, float] | None = None) -> Any:
     """Submit one task or actor call; its ref (a list for several returns, None for 0).
 
     ``keep``: held until the call is answered (an actor's life: see ActorLives).
+    ``resources``: what the task's ``get_assigned_resources()`` says, if not 1 CPU.
     """
     built = build_args(rt, args, kwargs)
     keep_alive = built.keep_alive
     if keep is not None:
         keep_alive.append(keep)
-    task_id = new_task_id()
+    job_id = rt.job_id or context.current_job()
+    task_id = new_task_id(job_id)
     return_ids = ((first_return_id(task_id),) if num_returns == 1 else
                   tuple([object_id_for(task_id, i + 1) for i in range(num_returns)]))
-    spec = m.TaskSpec(task_id, rt.job_id or context.current_job(), name, function_id,
+    spec = m.TaskSpec(task_id, job_id, name, function_id,
                       built.args, built.kwarg_names,
                       num_returns, rt.client_id, actor_id=actor_id, method=method,
-                      owner_node=rt.node_id)
+                      owner_node=rt.node_id, resources=resources)
     record = TaskRecord(spec, shape, max_retries, retry_exceptions, keep_alive or (),
                         return_ids, has_contained=bool(built.contained), key=key,
                         parent=context.current_task())

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from rtml.rpc import messages as m
 
 if TYPE_CHECKING:
     from rtml.core.runtime import ClientRuntime
 
 _runtime: ClientRuntime | None = None
 _auto_init: Callable[[], object] | None = None
-_task_id: contextvars.ContextVar[bytes | None] = contextvars.ContextVar("rtml_task_id",
-                                                                        default=None)
-"""Per thread and per asyncio task, so concurrent actor calls each see their own."""
+_task: contextvars.ContextVar[m.TaskSpec | None] = contextvars.ContextVar("rtml_task",
+                                                                         default=None)
+"""The spec of the task (or actor call) running: per thread and per asyncio task, so
+concurrent actor calls each see their own."""
 
 
 def set_runtime(runtime: ClientRuntime | None) -> None:
@@ -44,12 +47,18 @@ def require_runtime() -> ClientRuntime:
     return runtime
 
 
-set_current_task = _task_id.set
-"""Set the task (or actor call) running in this thread or asyncio task (a C call: it
-runs twice per task)."""
+set_current_task = _task.set
+"""Set the spec of the task (or actor call) running in this thread or asyncio task (a C
+call: it runs twice per task)."""
 
-current_task = _task_id.get
-"""The task (or actor call) running in this thread or asyncio task, if any."""
+current_spec = _task.get
+"""The spec of the task (or actor call) running in this thread or asyncio task, if any."""
+
+
+def current_task() -> bytes | None:
+    """The id of the task (or actor call) running in this thread or asyncio task, if any."""
+    spec = _task.get()
+    return None if spec is None else spec.task_id
 
 _job_id: contextvars.ContextVar[bytes] = contextvars.ContextVar("rtml_job_id", default=b"")
 _process_job = b""  # an actor's: its job, for every call it serves
@@ -70,40 +79,34 @@ def current_job() -> bytes:
     return _job_id.get() or _process_job
 
 
-_actor_id: bytes | None = None
+class ActorProcess:
+    """What the worker that became an actor knows of it (its runtime context's answers)."""
+
+    def __init__(self, spec: m.ActorSpec, gpu_ids: tuple[int, ...], restarts: int) -> None:
+        self.spec = spec
+        self.gpu_ids = gpu_ids
+        self.restarts = restarts  # how many times it was started again before this one
 
 
-def set_actor(actor_id: bytes | None) -> None:
-    global _actor_id
-    _actor_id = actor_id
+_actor: ActorProcess | None = None
+_cancelled: set[bytes] = set()
+"""Tasks cancelled while queued or running here (the worker's executor owns the set)."""
 
 
-class RuntimeContext:
-    """What ``rtml.get_runtime_context()`` returns."""
+def set_actor(actor: ActorProcess) -> None:
+    global _actor
+    _actor = actor
 
-    def __init__(self, runtime: ClientRuntime) -> None:
-        self._rt = runtime
 
-    def get_node_id(self) -> str:
-        return self._rt.node_id.hex()
+def current_actor() -> ActorProcess | None:
+    return _actor
 
-    def get_job_id(self) -> str:
-        return (current_job() or self._rt.job_id).hex()
 
-    def get_task_id(self) -> str | None:
-        task_id = _task_id.get()
-        return task_id.hex() if task_id else None
+def set_cancelled(cancelled: set[bytes]) -> None:
+    """Give ``is_cancelled`` the executor's set of cancelled tasks."""
+    global _cancelled
+    _cancelled = cancelled
 
-    def get_actor_id(self) -> str | None:
-        return _actor_id.hex() if _actor_id else None
 
-    def get_worker_id(self) -> str:
-        return self._rt.client_id.hex()
-
-    @property
-    def namespace(self) -> str:
-        return self._rt.config.namespace
-
-    def get(self) -> dict[str, Any]:
-        return {"node_id": self.get_node_id(), "job_id": self.get_job_id(),
-                "task_id": self.get_task_id(), "actor_id": self.get_actor_id()}
+def is_cancelled(task_id: bytes) -> bool:
+    return task_id in _cancelled

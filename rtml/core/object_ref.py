@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import types
 from collections.abc import Generator
 from typing import Any
 
 from rtml.core import serialization
+from rtml.ids import JobID, TaskID, job_of, task_of
 
 _counter: Any = None
 """The runtime's reference counter (set by the runtime; None before ``init``)."""
@@ -30,7 +32,7 @@ class ObjectRef:
 
     __slots__ = ("id", "owner", "_counted")  # no weak references: compiled, it has none
 
-    def __init__(self, object_id: bytes, owner: bytes) -> None:
+    def __init__(self, object_id: bytes, owner: bytes = b"") -> None:
         self.id = object_id
         self.owner = owner
         counter = _counter
@@ -46,6 +48,27 @@ class ObjectRef:
 
     def hex(self) -> str:
         return self.id.hex()
+
+    def binary(self) -> bytes:
+        """The object's id; ``ObjectRef(ref.binary())`` names the same object."""
+        return self.id
+
+    def task_id(self) -> TaskID:
+        """The id of the task that made the object (a ``put``'s: its own)."""
+        return task_of(self.id)
+
+    def job_id(self) -> JobID:
+        """The job whose task (or ``put``) made the object."""
+        return job_of(self.id)
+
+    def as_future(self) -> asyncio.Future[Any]:
+        """An ``asyncio.Future`` of the value, on the running event loop."""
+        return asyncio.wrap_future(self.future())
+
+    @classmethod
+    def __class_getitem__(cls, item: Any) -> Any:
+        """``ObjectRef[T]`` in annotations, as Ray's: the value's type, for readers."""
+        return types.GenericAlias(cls, item)
 
     def __repr__(self) -> str:
         return f"ObjectRef({self.id.hex()})"

@@ -13,9 +13,10 @@ import cloudpickle
 
 from rtml.core import context
 from rtml.core.calls import submit_call
+from rtml.core.dag import FunctionNode
 from rtml.core.options import TASK_OPTIONS, check_options, strategy_of
 from rtml.core.signatures import CallCheck
-from rtml.scheduler.resources import shape_key, task_shape
+from rtml.scheduler.resources import DEFAULT_SHAPE, shape_key, task_shape
 
 if TYPE_CHECKING:
     from rtml.core.runtime import ClientRuntime
@@ -98,13 +99,19 @@ class RemoteFunction(Exported):
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         return self._submit(self._call, args, kwargs)
 
+    def bind(self, *args: Any, **kwargs: Any) -> FunctionNode:
+        """A lazy call (``rtml.dag``): a task submitted by each ``execute()`` of its graph.
+        Raises TypeError if the function cannot take these arguments."""
+        return FunctionNode(self, args, kwargs, self._check)
+
     def _submit(self, call: _CallOptions, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self._check.check(args, kwargs)
         rt = context.require_runtime()
         return submit_call(rt, name=call.name, function_id=self._export(rt), args=args,
                            kwargs=kwargs, num_returns=call.num_returns, shape=call.shape,
                            max_retries=call.max_retries,
-                           retry_exceptions=call.retry_exceptions, key=call.key)
+                           retry_exceptions=call.retry_exceptions, key=call.key,
+                           resources=call.assigned)
 
 
 class _CallOptions:
@@ -118,6 +125,7 @@ class _CallOptions:
         self.shape = task_shape(options.get("num_cpus"), options.get("num_gpus"),
                                 options.get("memory"), options.get("resources"))
         self.key = (*shape_key(self.shape), strategy_of(options))  # tasks sharing leases
+        self.assigned = None if self.shape == DEFAULT_SHAPE else self.shape
 
 
 class _Bound:
@@ -129,4 +137,8 @@ class _Bound:
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         return self._function._submit(self._call, args, kwargs)
+
+    def bind(self, *args: Any, **kwargs: Any) -> FunctionNode:
+        """A lazy call with these options (``rtml.dag``)."""
+        return FunctionNode(self, args, kwargs, self._function._check)
 

@@ -39,7 +39,7 @@ from typing import Any
 from rtml import objectstore
 from rtml.config import INLINE_MAX, STORE_FULL_TIMEOUT, default_head_timeout
 from rtml.control_plane import BatchedWriter, ControlPlane, RedisAddress, unreachable
-from rtml.core import object_ref
+from rtml.core import context, object_ref
 from rtml.core.head_link import HeadLink
 from rtml.core.memory_store import IN_STORE, Entry, MemoryStore, StoredError
 from rtml.core.object_ref import ObjectRef
@@ -134,6 +134,7 @@ class ClientRuntime:
                                              hello, self._on_nm_message, self._on_nm_closed)
             self.node_id: bytes = reply.node_id
             self.store_dir = objectstore.check_store_dir(reply.info["store_dir"])
+            self.node_ip: str = reply.info["node_ip"]
             hello.node_id = self.node_id
             self.head = HeadLink(self.reactor, config.head_address, self.token, hello,
                                  self._on_head_message, config.head_timeout,
@@ -357,7 +358,7 @@ class ClientRuntime:
         if isinstance(msg, m.ActorInfo) and not msg.req_id:  # an actor we created is DEAD
             with self.lock:
                 self.owner.actor_ended(msg.actor_id, msg.error or "the actor is DEAD")
-        elif isinstance(msg, (m.ActorInfo, m.ClusterInfo, m.OutputFlushed)):
+        elif isinstance(msg, (m.ActorInfo, m.ClusterInfo, m.OutputFlushed, m.NamedActors)):
             self.head.settled(msg.req_id)
             self._deliver_reply(msg.req_id, msg)
         elif isinstance(msg, m.WorkerOutput):
@@ -391,7 +392,7 @@ class ClientRuntime:
         """Store an already-serialized value as a new owned object."""
         if self.refs.refops:
             self.refs.process_refops()
-        object_id = object_id_for(new_task_id(), 0)
+        object_id = object_id_for(new_task_id(self.job_id or context.current_job()), 0)
         self._store_value(object_id, ser, is_error=False)
         return ObjectRef(object_id, self.client_id)
 

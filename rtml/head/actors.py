@@ -98,6 +98,7 @@ class Actor:
 class StartActor:
     node_id: bytes
     spec: m.ActorSpec
+    restarts: int = 0
 
 
 @dataclass(frozen=True)
@@ -352,6 +353,13 @@ class ActorDirectory:
                 return actor
         return None
 
+    def names(self, namespace: str | None) -> list[tuple[str, str]]:
+        """(namespace, name) of each live named actor, in ``namespace`` (None: all)."""
+        return sorted({(a.spec.namespace, a.spec.name) for a in self.actors.values()
+                       if a.spec.name and a.state is not ActorState.DEAD
+                       and not a.name_released
+                       and (namespace is None or a.spec.namespace == namespace)})
+
     # -- transitions -------------------------------------------------------------------------
 
     def _place(self, actor: Actor) -> list[Command]:
@@ -361,7 +369,7 @@ class ActorDirectory:
                 self.pending.append(actor.spec.actor_id)
             return []
         actor.node_id = node_id
-        return [StartActor(node_id, actor.spec)]
+        return [StartActor(node_id, actor.spec, actor.restarts)]
 
     def _kill(self, actor: Actor, why: str) -> list[Command]:
         if not actor.error:

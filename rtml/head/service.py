@@ -417,6 +417,11 @@ class HeadService(Service):
             msg.namespace = self.namespaces.get(msg.job_id, "")
         self._carry_out(self.actors.lookup(peer, msg))
 
+    def _named_actors(self, peer: Peer, msg: m.ListNamedActors) -> None:
+        namespace = msg.namespace or self.namespaces.get(msg.job_id, "")
+        names = self.actors.names(None if msg.all_namespaces else namespace)
+        peer.send(m.NamedActors(msg.req_id, names))
+
     def _carry_out(self, commands: list[ad.Command]) -> None:
         for command in commands:
             if isinstance(command, ad.Answer):
@@ -426,7 +431,7 @@ class HeadService(Service):
             elif isinstance(command, (ad.StartActor, ad.KillWorker)):
                 node = self.nodes.get(command.node_id)
                 if node is not None and node.alive:
-                    node.peer.send(m.StartActor(command.spec) if isinstance(
+                    node.peer.send(m.StartActor(command.spec, command.restarts) if isinstance(
                         command, ad.StartActor) else m.KillActorWorker(command.actor_id))
             elif isinstance(command, ad.ClaimName):
                 self.writes.write(self.plane.set_named_actor, command.namespace,
@@ -459,7 +464,7 @@ class HeadService(Service):
         m.GetActorInfo: _get_actor, m.NodeTransferReady: _transfer_ready,
         m.SpillLease: _spill_lease, m.WorkerOutput: _output,
         m.CancelLeaseRequest: _spill_withdrawn, m.FlushOutput: _flush_output,
-        m.OutputFlushed: _output_flushed,
+        m.OutputFlushed: _output_flushed, m.ListNamedActors: _named_actors,
     }
 
 

@@ -87,6 +87,7 @@ class NodeManager(Service):
         self.sched = LocalScheduler(cfg.total_resources(), self._pool_size())
         self.workers: dict[bytes, WorkerProc] = {}
         self.actor_specs: dict[bytes, m.ActorSpec] = {}
+        self.actor_restarts: dict[bytes, int] = {}  # of the actors restarted, until placed
         self.actor_gpus: dict[bytes, tuple[int, ...]] = {}
         self.unix_path = str(self.session.sockets / "nm.sock")
         self.stopped = asyncio.Event()
@@ -196,6 +197,8 @@ class NodeManager(Service):
     def _on_head_message(self, msg: Any) -> None:
         if isinstance(msg, m.StartActor):
             self.actor_specs[msg.spec.actor_id] = msg.spec
+            if msg.restarts:
+                self.actor_restarts[msg.spec.actor_id] = msg.restarts
             self._run(self.sched.place_actor(msg.spec.actor_id, msg.spec.shape,
                                              msg.spec.hold_shape))
         elif isinstance(msg, m.KillActorWorker):
@@ -239,7 +242,7 @@ class NodeManager(Service):
             client.worker = worker
         peer.context = client
         return m.HelloReply(ok=True, node_id=self.node_id,
-                            info={"store_dir": self.store_dir})
+                            info={"store_dir": self.store_dir, "node_ip": self.cfg.node_ip})
 
     def on_message(self, peer: Peer, msg: Any) -> None:
         handler = self._handlers.get(type(msg))
@@ -285,7 +288,8 @@ class NodeManager(Service):
         worker.address, worker.tcp_address = msg.address, msg.tcp_address
         if worker.actor_id:
             peer.send(m.BecomeActor(self.actor_specs[worker.actor_id],
-                                    self.actor_gpus.get(worker.actor_id, ())))
+                                    self.actor_gpus.get(worker.actor_id, ()),
+                                    self.actor_restarts.pop(worker.actor_id, 0)))
         else:
             self._run(self.sched.worker_ready(worker.worker_id))
 
@@ -403,6 +407,7 @@ class NodeManager(Service):
         if worker.actor_id:
             self.actor_specs.pop(worker.actor_id, None)
             self.actor_gpus.pop(worker.actor_id, None)
+            self.actor_restarts.pop(worker.actor_id, None)
             self._run(self.sched.actor_gone(worker.actor_id))
             self.head.send(m.ActorWorkerDied(worker.actor_id, reason))
             return
@@ -416,6 +421,7 @@ class NodeManager(Service):
             if worker.actor_id == actor_id:
                 worker.kill()
                 return
+        self.actor_restarts.pop(actor_id, None)
         if self.actor_specs.pop(actor_id, None) is not None:
             self._run(self.sched.actor_gone(actor_id))
             self.head.send(m.ActorWorkerDied(actor_id, "killed before it started"))

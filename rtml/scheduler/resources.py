@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 Shape = dict[str, float]
+DEFAULT_SHAPE: Shape = {"CPU": 1.0}
+"""A task's, given no resource options (not to be changed)."""
 _EPS = 1e-9
 
 

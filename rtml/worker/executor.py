@@ -81,6 +81,7 @@ class Executor:
         self.current: bytes | None = None
         self.current_job = b""  # whose task last ran here: its drivers get our output
         self.cancelled: set[bytes] = set()
+        context.set_cancelled(self.cancelled)  # what a task's is_canceled() reads
         self.instance: Any = None
         self.methods: dict[str, Any] = {}  # the actor's methods, bound on first call
         self.actor: m.ActorSpec | None = None
@@ -157,7 +158,7 @@ class Executor:
             self.cancelled.discard(spec.task_id)
             return self._cancelled(spec, start)
         try:
-            context.set_current_task(spec.task_id)  # this asyncio task's own context
+            context.set_current_task(spec)  # this asyncio task's own context
             method, args, kwargs = self._prepare(spec)
             value = method(*args, **kwargs)
             if inspect.isawaitable(value):
@@ -186,7 +187,7 @@ class Executor:
         try:
             function, args, kwargs = self._prepare(spec)
             self.current = spec.task_id
-            context.set_current_task(spec.task_id)
+            context.set_current_task(spec)
             try:
                 value = function(*args, **kwargs)
             finally:
@@ -395,11 +396,13 @@ class Executor:
 
     # -- actors ------------------------------------------------------------------------------
 
-    def become_actor(self, spec: m.ActorSpec, gpu_ids: Sequence[int]) -> str:
-        """Construct the actor; return the constructor's error text, or ''."""
+    def become_actor(self, spec: m.ActorSpec, gpu_ids: tuple[int, ...], restarts: int = 0
+                     ) -> str:
+        """Construct the actor (started ``restarts`` times before); return the
+        constructor's error text, or ''."""
         self.actor = spec
         set_visible_gpus(gpu_ids)  # for its whole life: its methods never change it
-        context.set_actor(spec.actor_id)
+        context.set_actor(context.ActorProcess(spec, gpu_ids, restarts))
         context.set_process_job(spec.job_id)
         for path in spec.sys_paths:
             if path not in sys.path:

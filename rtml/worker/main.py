@@ -178,6 +178,6 @@ def main(argv: list[str]) -> int:
 
 
 def _become_actor(executor: Executor, msg: m.BecomeActor) -> None:
-    error = executor.become_actor(msg.spec, msg.gpu_ids)
+    error = executor.become_actor(msg.spec, msg.gpu_ids, msg.restarts)
     executor.rt.nm.send(m.ActorReady(msg.spec.actor_id, error))
 

@@ -523,9 +523,9 @@ def test_a_name_that_is_not_a_str_is_refused(cluster: None) -> None:
 def test_an_object_ref_built_with_bad_arguments_raises_and_does_not_crash() -> None:
     script = ("import rtml\n"
               "try:\n"
-              "    rtml.ObjectRef(b'x' * 20)\n"
+              "    rtml.ObjectRef(b'x' * 20, b'', b'extra')\n"
               "except TypeError as exc:\n"
-              "    print('TypeError', 'owner' in str(exc))\n")
+              "    print('TypeError', 'argument' in str(exc))\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0, out.stderr

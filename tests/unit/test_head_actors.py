@@ -146,7 +146,7 @@ def test_a_node_death_restarts_its_actors_elsewhere() -> None:
     nodes.alive.discard(A)
     nodes.fits = B
     commands = d.node_died(A, "no heartbeat")
-    assert StartActor(B, first) in commands
+    assert StartActor(B, first, restarts=1) in commands  # its runtime context says so
     assert d.actors[first.actor_id].node_id == B
     assert d.actors[second.actor_id].state is ActorState.DEAD
     assert f"its node {A.hex()} died" in d.actors[second.actor_id].error
@@ -252,7 +252,7 @@ def test_records_hold_the_state_of_their_own_transition() -> None:
     (restarting, start) = d.worker_died(actor_id, "SIGKILL")
     assert isinstance(restarting, Record) and restarting.state is ActorState.RESTARTING
     assert restarting.node_id == B and restarting.restarts == 1  # where it starts again
-    assert start == StartActor(B, spec(max_restarts=2))
+    assert start == StartActor(B, spec(max_restarts=2), restarts=1)
     nodes.fits = None
     (waiting,) = d.worker_died(actor_id, "SIGKILL")  # no node fits: recorded without one
     assert isinstance(waiting, Record) and waiting.node_id == b""
@@ -330,7 +330,7 @@ def test_an_actor_on_a_node_that_never_rejoins_restarts_or_dies_by_its_limit() -
     assert d.actors[b"2" * 16].state is ActorState.RESTARTING
     assert not any(isinstance(c, StartActor) for c in commands)
     (start,) = [c for c in d.nodes_back() if isinstance(c, StartActor)]
-    assert start == StartActor(A, spec(b"2" * 16, max_restarts=1))
+    assert start == StartActor(A, spec(b"2" * 16, max_restarts=1), restarts=1)
 
 
 def test_a_node_that_rejoins_with_an_actor_nobody_recorded_adopts_it() -> None:

@@ -27,6 +27,7 @@ LAYERS: list[set[str]] = [
     {"cluster"},
     {"core"},
     {"api"},
+    {"util", "dag"},
     {"__init__"},
     {"head", "node", "worker", "cli", "launchpad", "testing"},
 ]

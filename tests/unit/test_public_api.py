@@ -14,14 +14,14 @@ import rtml.exceptions as exc
 EXPECTED_ALL = {
     "init", "shutdown", "is_initialized", "nodes", "cluster_resources", "available_resources",
     "get_runtime_context", "timeline", "remote", "get", "put", "wait", "cancel", "kill",
-    "get_actor", "ObjectRef", "ActorHandle", "NodeAffinitySchedulingStrategy", "exceptions",
-    "method",
+    "get_actor", "get_gpu_ids", "ObjectRef", "ActorHandle", "NodeAffinitySchedulingStrategy",
+    "exceptions", "method",
 }
 
 API_MD_CALLS = [
     "init", "shutdown", "is_initialized", "nodes", "cluster_resources", "available_resources",
     "get_runtime_context", "timeline", "remote", "get", "put", "wait", "cancel", "kill",
-    "get_actor",
+    "get_actor", "get_gpu_ids",
 ]
 
 ERROR_NAMES = [

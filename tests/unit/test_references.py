@@ -84,7 +84,7 @@ def stand_ins(tmp_path: Path, token: str = "t"
 
     def serve() -> None:
         ends.append(_answer_hello(listeners[0], token, m.HelloReply(
-            ok=True, node_id=b"n" * 16, info={"store_dir": str(tmp_path)})))
+            ok=True, node_id=b"n" * 16, info={"store_dir": str(tmp_path), "node_ip": "127.0.0.1"})))
         ends.append(_answer_hello(listeners[1], token, m.HelloReply(
             ok=True, info={"redis_host": "127.0.0.1", "redis_port": "9"})))
 

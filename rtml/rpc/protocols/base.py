@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import msgspec
 
-PROTOCOL_VERSION = 8
+PROTOCOL_VERSION = 9
 
 
 class Msg(msgspec.Struct, array_like=True, tag=True, omit_defaults=False, gc=False):
@@ -94,6 +94,7 @@ class TaskSpec(msgspec.Struct, array_like=True, gc=False):
     attempt: int = 0
     gpu_ids: tuple[int, ...] = ()  # the GPUs of the lease it runs on (CUDA_VISIBLE_DEVICES)
     owner_node: bytes = b""  # large results on another node are held there for this node
+    resources: dict[str, float] | None = None  # its shape, unless the default 1 CPU
 
 
 class ActorSpec(msgspec.Struct, array_like=True, gc=False):

@@ -136,6 +136,7 @@ OUT_OF_SCOPE = "all its handles went out of scope"
 
 class StartActor(Msg, tag=57):
     spec: ActorSpec
+    restarts: int = 0  # times it was started before (its runtime context tells it)
 
 
 class ActorStarted(Msg, tag=58):
@@ -195,10 +196,22 @@ class OutputFlushed(Msg, tag=77):
     node_id: bytes = b""  # the node manager answering the head
 
 
+class ListNamedActors(Msg, tag=78):
+    req_id: int
+    namespace: str = ""  # "": job_id's (asked from a task or an actor)
+    all_namespaces: bool = False
+    job_id: bytes = b""
+
+
+class NamedActors(Msg, tag=79):
+    req_id: int
+    names: list[tuple[str, str]]  # (namespace, name) of each live named actor
+
+
 Message = (
     RegisterNode | NodeTransferReady | NodeTable | NodeDied | SpillLease | LeasePlaced |
     NodeHeartbeat | RegisterJob | CreateActor | GetActorInfo | ActorInfo | KillActor |
     StartActor | ActorStarted | ActorWorkerDied | KillActorWorker | GetClusterInfo |
-    ClusterInfo | Shutdown | FlushOutput | OutputFlushed
+    ClusterInfo | Shutdown | FlushOutput | OutputFlushed | ListNamedActors | NamedActors
 )
 """Every message of this protocol."""

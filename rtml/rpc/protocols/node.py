@@ -169,6 +169,7 @@ class WorkerOutput(Msg, tag=44):
 class BecomeActor(Msg, tag=42):
     spec: ActorSpec
     gpu_ids: tuple[int, ...] = ()
+    restarts: int = 0  # as StartActor's
 
 
 class ActorReady(Msg, tag=43):

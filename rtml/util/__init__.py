@@ -1,0 +1,15 @@
+"""Ray's ``ray.util``, on rtml's public API: libraries a program imports by name.
+
+    ActorPool                 rtml.util.actor_pool    a fixed set of actors fed tasks
+    queue.Queue               rtml.util.queue         a FIFO shared by tasks and actors
+    multiprocessing.Pool      rtml.util.multiprocessing   multiprocessing's Pool on actors
+    list_named_actors, get_node_ip_address   (rtml.api's)
+"""
+
+from __future__ import annotations
+
+from rtml.api import get_node_ip_address, list_named_actors
+from rtml.util import queue
+from rtml.util.actor_pool import ActorPool
+
+__all__ = ["ActorPool", "get_node_ip_address", "list_named_actors", "multiprocessing", "queue"]

@@ -1,0 +1,133 @@
+"""Ray's names beyond the core calls (issue 19): ObjectRef's ids, the runtime context of
+tasks and actors, what ``init`` returns, named actors listed, the node's address."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import typing
+
+import pytest
+
+import rtml
+from rtml.util import get_node_ip_address, list_named_actors
+
+pytestmark = pytest.mark.usefixtures("cluster")
+
+
+@rtml.remote
+def task_context() -> dict[str, object]:
+    c = rtml.get_runtime_context()
+    return {"name": c.get_task_name(), "function": c.get_task_function_name(),
+            "resources": c.get_assigned_resources(), "task_id": c.get_task_id(),
+            "canceled": c.is_canceled(), "gpus": rtml.get_gpu_ids(),
+            "job_id": c.get_job_id(), "node_id": c.node_id.hex()}
+
+
+@rtml.remote(max_restarts=1)
+class Probe:
+    def __init__(self) -> None:
+        self.rebuilt = rtml.get_runtime_context().was_current_actor_reconstructed
+
+    def context(self) -> tuple[bool, str | None, dict[str, float], str | None]:
+        c = rtml.get_runtime_context()
+        return (self.rebuilt, c.get_task_function_name(), c.get_assigned_resources(),
+                c.get_actor_id())
+
+    def me(self) -> rtml.ActorHandle:
+        return rtml.get_runtime_context().current_actor
+
+    def names(self) -> list[str]:
+        return list_named_actors()
+
+    def die(self) -> None:
+        os._exit(1)
+
+
+def test_object_ref_ids_name_its_task_and_job() -> None:
+    ref = rtml.put(41)
+    job = rtml.get_runtime_context().get_job_id()
+    assert ref.binary() == ref.id and len(ref.binary()) == 20
+    assert ref.job_id().hex() == job
+    result = task_context.remote()
+    assert result.task_id().hex() == rtml.get(result)["task_id"]
+    assert result.job_id().hex() == job == rtml.get(result)["job_id"]
+    same = rtml.ObjectRef(ref.binary())
+    assert same == ref and hash(same) == hash(ref) and rtml.get(same) == 41
+
+
+def test_object_ref_as_future_and_annotations() -> None:
+    async def read() -> int:
+        return await rtml.put(7).as_future()
+
+    assert asyncio.run(read()) == 7
+    alias = rtml.ObjectRef[int]
+
+    def typed(x: rtml.ObjectRef[int]) -> rtml.ObjectRef[int]:
+        return x
+
+    assert alias.__origin__ is rtml.ObjectRef and alias.__args__ == (int,)
+    assert typing.get_type_hints(typed)["x"] == alias  # the annotation evaluates
+
+
+def test_a_task_sees_its_name_function_and_resources() -> None:
+    got = rtml.get(task_context.remote())
+    assert got["name"] == "task_context"
+    assert got["function"] == f"{__name__}.task_context"
+    assert got["resources"] == {"CPU": 1.0}
+    assert got["canceled"] is False and got["gpus"] == []
+    assert got["node_id"] == rtml.get_runtime_context().get_node_id()
+    half = rtml.get(task_context.options(num_cpus=0.5, name="half").remote())
+    assert half["name"] == "half" and half["resources"] == {"CPU": 0.5}
+
+
+def test_a_driver_has_no_task() -> None:
+    c = rtml.get_runtime_context()
+    assert c.get_task_name() is None and c.get_task_function_name() is None
+    assert c.get_assigned_resources() == {} and rtml.get_gpu_ids() == []
+    with pytest.raises(RuntimeError, match="inside an actor"):
+        c.current_actor  # noqa: B018
+    with pytest.raises(RuntimeError, match="inside a task"):
+        c.is_canceled()
+    assert c.was_current_actor_reconstructed is False
+
+
+def test_an_actor_sees_itself_and_its_restart() -> None:
+    probe = Probe.remote()
+    rebuilt, function, resources, actor_id = rtml.get(probe.context.remote())
+    assert (rebuilt, function, resources) == (False, f"{__name__}.Probe.context", {})
+    assert actor_id == probe._actor_id.hex()
+    assert rtml.get(probe.me.remote()) == probe
+    probe.die.remote()
+    deadline = time.monotonic() + 30
+    while True:  # the call that finds the restarted actor
+        try:
+            rebuilt, *_ = rtml.get(probe.context.remote(), timeout=30)
+            break
+        except rtml.exceptions.ActorDiedError:
+            assert time.monotonic() < deadline
+    assert rebuilt is True
+
+
+def test_init_returns_a_mapping_of_the_cluster(start_cluster) -> None:  # noqa: ANN001
+    ctx = start_cluster(num_cpus=1)
+    assert ctx["node_id"] == rtml.get_runtime_context().get_node_id()
+    assert ctx["address"] == ctx.address_info["address"] and ":" in ctx["address"]
+    assert ctx["node_ip_address"] == get_node_ip_address() == "127.0.0.1"
+    assert {"address", "node_id", "session_dir"} <= set(ctx)
+    with pytest.raises(KeyError):
+        ctx["dashboard"]
+
+
+def test_named_actors_are_listed_by_namespace(start_cluster) -> None:  # noqa: ANN001
+    start_cluster(num_cpus=2, namespace="ours")
+    named = Probe.options(name="first").remote()
+    kept = Probe.options(name="elsewhere", namespace="theirs").remote()  # noqa: F841
+    anonymous = Probe.remote()
+    assert list_named_actors() == ["first"]
+    assert list_named_actors(all_namespaces=True) == [
+        {"name": "first", "namespace": "ours"}, {"name": "elsewhere", "namespace": "theirs"}]
+    assert rtml.get(anonymous.names.remote()) == ["first"]  # an actor: its job's namespace
+    rtml.kill(named)
+    assert list_named_actors() == []
