@@ -156,6 +156,13 @@ class TaskCancelledError(RtmlError):
     """The task was cancelled with ``rtml.cancel``; cancelled tasks are never retried."""
 
 
+class ActorExit(BaseException):
+    """Raised by ``rtml.actor.exit_actor()`` inside an actor to end it: not an error. The
+    actor's process runs its atexit handlers and exits; it is not restarted, and its
+    calls not yet answered (this one included) raise ActorDiedError. A BaseException,
+    so an ``except Exception`` in the method does not stop the exit."""
+
+
 class RtmlSystemError(RtmlError):
     """An internal component failed; the message names it and what to do."""
 

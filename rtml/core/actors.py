@@ -203,6 +203,11 @@ class _BoundClass:
         return ClassNode(self, args, kwargs, actor_class._check, actor_class._method_checks)
 
 
+TERMINATE = "__ray_terminate__"
+"""A method of every actor, as in Ray: queued like any call, it ends the actor (the
+worker's executor runs ``exit_actor`` for it)."""
+
+
 class ActorHandle:
     """A picklable handle to an actor; ``handle.method.remote(...)`` calls it.
 
@@ -222,15 +227,15 @@ class ActorHandle:
         self._bound: dict[str, ActorMethod] = {}
 
     def __getattr__(self, name: str) -> ActorMethod:
-        if name.startswith("_"):
+        if name.startswith("_") and name != TERMINATE:
             raise AttributeError(name)
         method = self._bound.get(name)  # built once per name: a compiled class has no __dict__
         if method is not None:
             return method
-        if name not in self._methods:
+        if name not in self._methods and name != TERMINATE:
             raise AttributeError(f"actor {self._class_name!r} has no method {name!r}; "
                                  f"it has {sorted(self._methods)}")
-        method = ActorMethod(self, name, {"num_returns": self._methods[name]})
+        method = ActorMethod(self, name, {"num_returns": self._methods.get(name, 1)})
         self._bound[name] = method
         return method
 

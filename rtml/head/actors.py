@@ -226,6 +226,19 @@ class ActorDirectory:
         commands = self._release_name(actor) if no_restart else []
         return commands + self._kill(actor, reason or "it was killed with rtml.kill()")
 
+    def exiting(self, peer: Caller, req_id: int, actor_id: bytes) -> list[Command]:
+        """The actor called exit_actor(): it ends when its process exits (worker_died),
+        not restarted, its name free at once; answered so that it may exit."""
+        actor = self.actors.get(actor_id)
+        if actor is None:
+            return [Answer(peer, m.ActorInfo(req_id, actor_id, "MISSING"))]
+        commands: list[Command] = []
+        if actor.state is not ActorState.DEAD:
+            actor.no_restart = True
+            actor.error = actor.error or "it exited: its code called exit_actor()"
+            commands = self._release_name(actor)
+        return [*commands, Answer(peer, actor.info(req_id))]
+
     def node_died(self, node_id: bytes, reason: str) -> list[Command]:
         commands: list[Command] = []
         for actor in list(self.actors.values()):

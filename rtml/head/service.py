@@ -417,6 +417,9 @@ class HeadService(Service):
             msg.namespace = self.namespaces.get(msg.job_id, "")
         self._carry_out(self.actors.lookup(peer, msg))
 
+    def _actor_exiting(self, peer: Peer, msg: m.ActorExiting) -> None:
+        self._carry_out(self.actors.exiting(peer, msg.req_id, msg.actor_id))
+
     def _named_actors(self, peer: Peer, msg: m.ListNamedActors) -> None:
         namespace = msg.namespace or self.namespaces.get(msg.job_id, "")
         names = self.actors.names(None if msg.all_namespaces else namespace)
@@ -465,6 +468,7 @@ class HeadService(Service):
         m.SpillLease: _spill_lease, m.WorkerOutput: _output,
         m.CancelLeaseRequest: _spill_withdrawn, m.FlushOutput: _flush_output,
         m.OutputFlushed: _output_flushed, m.ListNamedActors: _named_actors,
+        m.ActorExiting: _actor_exiting,
     }
 
 

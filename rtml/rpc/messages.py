@@ -32,6 +32,7 @@ from rtml.rpc.protocols.base import (
 )
 from rtml.rpc.protocols.head import (
     OUT_OF_SCOPE,
+    ActorExiting,
     ActorInfo,
     ActorStarted,
     ActorWorkerDied,
@@ -104,7 +105,7 @@ from rtml.rpc.protocols.task import (
 )
 
 __all__ = [
-    "ActorInfo",
+    "ActorExiting", "ActorInfo",
     "ActorReady",
     "ActorSpec",
     "ActorStarted",

@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 from rtml.api import get_node_ip_address, list_named_actors
-from rtml.util import queue
+from rtml.util import multiprocessing, queue
 from rtml.util.actor_pool import ActorPool
 
 __all__ = ["ActorPool", "get_node_ip_address", "list_named_actors", "multiprocessing", "queue"]

@@ -11,6 +11,7 @@ signal interrupts the main thread at its next bytecode (as Ctrl-C would).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import inspect
 import logging
@@ -21,16 +22,17 @@ import threading
 import time
 import traceback
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import cloudpickle
 
 from rtml.config import INLINE_MAX
-from rtml.core import context
+from rtml.core import actors, context
 from rtml.core.memory_store import StoredError
 from rtml.core.runtime import ClientRuntime
 from rtml.core.serialization import Serialized, deserialize, from_payload, plain_payload, serialize
 from rtml.exceptions import (
+    ActorExit,
     ObjectLostError,
     ObjectStoreFullError,
     OwnerDiedError,
@@ -164,6 +166,8 @@ class Executor:
             if inspect.isawaitable(value):
                 value = await value
             returns = self._returns(spec, value)
+        except ActorExit:
+            self.exit_actor()
         except _Failed as failed:
             returns = self._error_returns(spec, failed.payload)
         except ObjectStoreFullError as exc:  # no room for its return: the error itself
@@ -197,6 +201,8 @@ class Executor:
         except TaskCancelledError:
             self.cancelled.discard(spec.task_id)
             return self._cancelled(spec, start)
+        except ActorExit:
+            self.exit_actor()
         except _Wanted as wanted:  # it did not run: its owner sends the function, then it
             return m.FunctionWanted(spec.task_id, wanted.function_id)
         except _Failed as failed:
@@ -228,6 +234,8 @@ class Executor:
         instance attribute of the same name (``self.called = True`` beside ``def
         called``) does not hide it; bound once. A name the class lacks is looked up on
         the instance (and raises AttributeError there)."""
+        if name == actors.TERMINATE:
+            return _terminate
         cls = type(self.instance)
         try:
             attr = inspect.getattr_static(cls, name)
@@ -396,6 +404,23 @@ class Executor:
 
     # -- actors ------------------------------------------------------------------------------
 
+    def exit_actor(self) -> NoReturn:
+        """The actor's code called ``exit_actor()`` (or a caller ``__ray_terminate__``):
+        the head is told not to restart it, the process's atexit handlers run, and it
+        exits; its calls not answered yet get ActorDiedError from their callers."""
+        rt = self.rt
+        try:
+            rt.request(rt.head, lambda req_id: m.ActorExiting(req_id, self.actor_id),
+                       rt.head.timeout)
+        except (RtmlError, OSError) as exc:
+            log.warning("the head did not hear that this actor exits (%s): it may be "
+                        "restarted", exc)
+        log.info("actor %s exits: exit_actor() was called", self.actor_id.hex())
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
     def become_actor(self, spec: m.ActorSpec, gpu_ids: tuple[int, ...], restarts: int = 0
                      ) -> str:
         """Construct the actor (started ``restarts`` times before); return the
@@ -440,6 +465,10 @@ class Executor:
         threading.Thread(target=run, name="rtml-actor-loop", daemon=True).start()
         ready.wait()
         self.loop = loop
+
+
+def _terminate() -> NoReturn:
+    raise ActorExit()
 
 
 def _stored_error(error: BaseException) -> m.Payload:

@@ -13,6 +13,7 @@ the client runtime (nested submissions, get, put) runs its own I/O thread.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -21,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rtml import api
 from rtml.config import WorkerConfig
 from rtml.core import context
 from rtml.core.runtime import ClientConfig, ClientRuntime
@@ -147,7 +149,8 @@ def main(argv: list[str]) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    orders = NodeOrders()
+    atexit.unregister(api.shutdown)  # a driver's; the atexit handlers that an actor's
+    orders = NodeOrders()                # exit_actor() runs are its code's
     rt = ClientRuntime(ClientConfig(role="worker", token=cfg.token, nm_address=cfg.nm_address,
                                     head_address=cfg.head_address,
                                     session_dir=cfg.session_dir, client_id=cfg.worker_id),

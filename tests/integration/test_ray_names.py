@@ -11,6 +11,7 @@ import typing
 import pytest
 
 import rtml
+from rtml.actor import exit_actor
 from rtml.util import get_node_ip_address, list_named_actors
 
 pytestmark = pytest.mark.usefixtures("cluster")
@@ -131,3 +132,56 @@ def test_named_actors_are_listed_by_namespace(start_cluster) -> None:  # noqa: A
     assert rtml.get(anonymous.names.remote()) == ["first"]  # an actor: its job's namespace
     rtml.kill(named)
     assert list_named_actors() == []
+
+
+@rtml.remote(max_restarts=3, max_task_retries=1)
+class Leaver:
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def ping(self) -> int:
+        return os.getpid()
+
+    def leave(self) -> None:
+        import atexit
+
+        atexit.register(lambda: open(self.marker, "w").write("ran"))
+        exit_actor()
+
+
+@rtml.remote
+class AsyncLeaver:
+    async def ping(self) -> int:
+        return os.getpid()
+
+    async def leave(self) -> None:
+        exit_actor()
+
+
+def test_exit_actor_ends_it_for_good_and_runs_its_atexit_handlers(tmp_path) -> None:  # noqa: ANN001
+    marker = tmp_path / "atexit"
+    actor = Leaver.options(name="leaver").remote(str(marker))
+    pid = rtml.get(actor.ping.remote())
+    with pytest.raises(rtml.exceptions.ActorDiedError):
+        rtml.get(actor.leave.remote(), timeout=30)  # retried once: it finds the actor DEAD
+    with pytest.raises(rtml.exceptions.ActorDiedError, match="exit_actor"):
+        rtml.get(actor.ping.remote(), timeout=30)  # not restarted, despite max_restarts
+    assert marker.read_text() == "ran"
+    assert "leaver" not in list_named_actors()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    with pytest.raises(TypeError, match="inside an actor"):
+        exit_actor()
+
+
+def test_ray_terminate_and_async_exit() -> None:
+    queued = Leaver.remote("/nonexistent/unused")
+    assert rtml.get(queued.ping.remote()) > 0
+    queued.__ray_terminate__.remote()
+    with pytest.raises(rtml.exceptions.ActorDiedError):
+        rtml.get(queued.ping.remote(), timeout=30)
+    loop_actor = AsyncLeaver.remote()
+    assert rtml.get(loop_actor.ping.remote()) > 0
+    loop_actor.leave.remote()
+    with pytest.raises(rtml.exceptions.ActorDiedError):
+        rtml.get(loop_actor.ping.remote(), timeout=30)

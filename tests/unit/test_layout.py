@@ -27,7 +27,7 @@ LAYERS: list[set[str]] = [
     {"cluster"},
     {"core"},
     {"api"},
-    {"util", "dag"},
+    {"util", "dag", "actor"},
     {"__init__"},
     {"head", "node", "worker", "cli", "launchpad", "testing"},
 ]

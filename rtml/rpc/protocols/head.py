@@ -196,6 +196,13 @@ class OutputFlushed(Msg, tag=77):
     node_id: bytes = b""  # the node manager answering the head
 
 
+class ActorExiting(Msg, tag=80):
+    """An actor called exit_actor(): not to be restarted; answered with ActorInfo."""
+
+    req_id: int
+    actor_id: bytes
+
+
 class ListNamedActors(Msg, tag=78):
     req_id: int
     namespace: str = ""  # "": job_id's (asked from a task or an actor)
@@ -212,6 +219,7 @@ Message = (
     RegisterNode | NodeTransferReady | NodeTable | NodeDied | SpillLease | LeasePlaced |
     NodeHeartbeat | RegisterJob | CreateActor | GetActorInfo | ActorInfo | KillActor |
     StartActor | ActorStarted | ActorWorkerDied | KillActorWorker | GetClusterInfo |
-    ClusterInfo | Shutdown | FlushOutput | OutputFlushed | ListNamedActors | NamedActors
+    ClusterInfo | Shutdown | FlushOutput | OutputFlushed | ListNamedActors | NamedActors |
+    ActorExiting
 )
 """Every message of this protocol."""
