@@ -38,6 +38,7 @@ if TYPE_CHECKING:
         wait,
     )
     from rtml.core.actors import ActorHandle, method
+    from rtml.core.generators import ObjectRefGenerator
     from rtml.core.object_ref import ObjectRef
     from rtml.core.options import NodeAffinitySchedulingStrategy
 
@@ -48,7 +49,7 @@ _HOME = {
                      "get_gpu_ids", "get_runtime_context", "init", "is_initialized", "kill",
                      "nodes", "put", "remote", "shutdown", "timeline", "wait"], "rtml.api"),
     "ActorHandle": "rtml.core.actors", "method": "rtml.core.actors",
-    "ObjectRef": "rtml.core.object_ref",
+    "ObjectRef": "rtml.core.object_ref", "ObjectRefGenerator": "rtml.core.generators",
     "NodeAffinitySchedulingStrategy": "rtml.core.options",
 }
 
@@ -57,7 +58,8 @@ _MODULES = {"actor", "dag", "exceptions", "experimental", "job_config", "util"}
 after ``import rtml``, as in Ray)."""
 
 __all__ = [
-    "ActorHandle", "NodeAffinitySchedulingStrategy", "ObjectRef", "available_resources",
+    "ActorHandle", "NodeAffinitySchedulingStrategy", "ObjectRef", "ObjectRefGenerator",
+    "available_resources",
     "cancel", "cluster_resources", "exceptions", "get", "get_actor", "get_gpu_ids",
     "get_runtime_context", "init", "is_initialized", "kill", "method", "nodes", "put",
     "remote", "shutdown", "timeline", "wait",

@@ -20,6 +20,7 @@ from rtml import cluster
 from rtml.config import NodeConfig, default_object_store_memory
 from rtml.core import context
 from rtml.core.actors import ActorClass, ActorHandle, handle_of
+from rtml.core.generators import ObjectRefGenerator
 from rtml.core.object_ref import ObjectRef
 from rtml.core.options import check_namespace, check_timeout
 from rtml.core.remote_function import RemoteFunction
@@ -335,14 +336,17 @@ def wait(refs: list[ObjectRef], *, num_returns: int = 1, timeout: float | None =
     return chosen, rest
 
 
-def cancel(ref: ObjectRef, *, force: bool = False, recursive: bool = True) -> None:
-    """Cancel the task producing ``ref``; ``get`` then raises TaskCancelledError.
+def cancel(ref: ObjectRef | ObjectRefGenerator, *, force: bool = False,
+           recursive: bool = True) -> None:
+    """Cancel the task producing ``ref`` (or a generator task); ``get`` then raises
+    TaskCancelledError (a generator's next item is that error).
 
     ``recursive``: the tasks it submitted (and theirs) are cancelled too. With ``force``
     its worker is killed, and the workers running its tasks stop with their owner."""
-    if not isinstance(ref, ObjectRef):
-        raise TypeError(f"cancel() takes an ObjectRef, got {type(ref).__name__}")
-    context.require_runtime().owner.cancel(ref, bool(force), bool(recursive))
+    if not isinstance(ref, (ObjectRef, ObjectRefGenerator)):
+        raise TypeError(f"cancel() takes an ObjectRef or an ObjectRefGenerator, got "
+                        f"{type(ref).__name__}")
+    context.require_runtime().owner.cancel(ref.task_id(), bool(force), bool(recursive))
 
 
 def kill(actor: ActorHandle, *, no_restart: bool = True) -> None:

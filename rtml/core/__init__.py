@@ -8,5 +8,5 @@ and ``memory_store`` (the owner's values). ``submitter``, ``owner``, ``reference
 ``calls`` and ``arguments`` are the runtime's private parts.
 """
 
-__all__ = ["actors", "context", "dag", "memory_store", "object_ref", "options",
+__all__ = ["actors", "context", "generators", "dag", "memory_store", "object_ref", "options",
            "remote_function", "runtime", "runtime_context", "serialization"]

@@ -24,7 +24,14 @@ from rtml.core.arguments import build_args
 from rtml.core.calls import submit_call
 from rtml.core.dag import ClassMethodNode, ClassNode
 from rtml.core.object_ref import ObjectRef, borrow
-from rtml.core.options import ACTOR_OPTIONS, METHOD_OPTIONS, check_options, strategy_of
+from rtml.core.options import (
+    ACTOR_OPTIONS,
+    METHOD_OPTIONS,
+    check_options,
+    default_returns,
+    returns_of,
+    strategy_of,
+)
 from rtml.core.remote_function import Exported
 from rtml.core.serialization import recording_contained, serialize
 from rtml.core.signatures import CallCheck
@@ -102,7 +109,8 @@ class ActorClass(Exported):
         rt = context.require_runtime()
         class_id = self._export(rt)
         built = build_args(rt, args, kwargs)
-        is_async = any(inspect.iscoroutinefunction(f) for _, f in _methods(self._cls))
+        is_async = any(inspect.iscoroutinefunction(f) or inspect.isasyncgenfunction(f)
+                       for _, f in _methods(self._cls))
         place = task_shape(options.get("num_cpus"), options.get("num_gpus"),
                            options.get("memory"), options.get("resources"))
         hold = task_shape(options.get("num_cpus"), options.get("num_gpus"),
@@ -163,8 +171,9 @@ def _methods(cls: type) -> list[tuple[str, Any]]:
             if not name.startswith("__") or name == "__call__"]
 
 
-def _method_meta(cls: type) -> dict[str, int]:
-    return {name: getattr(f, "__rtml_num_returns__", 1) for name, f in _methods(cls)}
+def _method_meta(cls: type) -> dict[str, int | str]:
+    return {name: getattr(f, "__rtml_num_returns__", default_returns(f))
+            for name, f in _methods(cls)}
 
 
 def handle_of(spec: m.ActorSpec, cls: type) -> ActorHandle:
@@ -215,7 +224,7 @@ class ActorHandle:
     actor that is not ended by its handles (named or detached).
     """
 
-    def __init__(self, actor_id: bytes, class_name: str, methods: dict[str, int],
+    def __init__(self, actor_id: bytes, class_name: str, methods: dict[str, int | str],
                  max_task_retries: int, life: ObjectRef | None = None,
                  checks: dict[str, CallCheck] | None = None) -> None:
         self._actor_id = actor_id
@@ -270,7 +279,7 @@ class ActorMethod:
         self._name = name
         self._opts = options
         self._task_name = options.get("name") or f"{source._class_name}.{name}"
-        self._num_returns = options.get("num_returns", 1)
+        self._num_returns = returns_of(options.get("num_returns", 1))
 
     def options(self, **options: Any) -> ActorMethod:
         check_options(options, METHOD_OPTIONS, f"actor method {self._name!r}")
@@ -315,7 +324,7 @@ def _pin_if_untracked(life: ObjectRef | None) -> None:
         rt.owner.lives.pin(life)
 
 
-def method(num_returns: int = 1) -> Any:
+def method(num_returns: int | str = 1) -> Any:
     """Decorator setting an actor method's default ``num_returns``."""
     def wrap(f: Any) -> Any:
         f.__rtml_num_returns__ = num_returns
@@ -465,14 +474,20 @@ class ActorCaller:
     def _on_results(self, conn: Connection, msgs: list[Any]) -> None:
         """The results of one read from the actor's connection."""
         done: list[tuple[TaskRecord, m.TaskResult]] = []
+        items: list[m.GeneratorItem] = []
         inflight = self.inflight
         with self.rt.lock:
             for msg in msgs:
+                if type(msg) is m.GeneratorItem:  # a generator method's, still running
+                    items.append(msg)
+                    continue
                 record = inflight.pop(msg.task_id, None) if isinstance(msg, m.TaskResult) else None
                 if record is not None:
                     done.append((record, msg))
             if self.held:  # calls ended: the held ones can start
                 self._send_held()
+        if items:
+            self.rt.owner.generated(items, self.node_id or self.rt.node_id)
         if done:
             self.rt.owner.complete_tasks(done)
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from rtml.core import context
 from rtml.core.arguments import build_args
+from rtml.core.generators import ObjectRefGenerator, Stream
 from rtml.core.object_ref import ObjectRef
 from rtml.core.submitter import TaskRecord
 from rtml.ids import first_return_id, new_task_id, object_id_for
@@ -37,8 +38,8 @@ def submit_call(rt: ClientRuntime, *, name: str, function_id: bytes, args: tuple
         keep_alive.append(keep)
     job_id = rt.job_id or context.current_job()
     task_id = new_task_id(job_id)
-    return_ids = ((first_return_id(task_id),) if num_returns == 1 else
-                  tuple([object_id_for(task_id, i + 1) for i in range(num_returns)]))
+    return_ids = ((first_return_id(task_id),) if num_returns == 1 or num_returns == m.STREAMING
+                  else tuple([object_id_for(task_id, i + 1) for i in range(num_returns)]))
     spec = m.TaskSpec(task_id, job_id, name, function_id,
                       built.args, built.kwarg_names,
                       num_returns, rt.client_id, actor_id=actor_id, method=method,
@@ -52,6 +53,12 @@ def submit_call(rt: ClientRuntime, *, name: str, function_id: bytes, args: tuple
         ref = ObjectRef(return_ids[0], rt.client_id)
         rt.owner.submit(record, built.pending, built.error)
         return ref
+    if num_returns == m.STREAMING:
+        stream = record.stream = Stream()
+        generator = ObjectRefGenerator(rt, task_id, stream, ObjectRef(return_ids[0],
+                                                                      rt.client_id))
+        rt.owner.submit(record, built.pending, built.error)
+        return generator
     refs = [ObjectRef(oid, rt.client_id) for oid in return_ids]
     rt.owner.submit(record, built.pending, built.error)
     return refs or None

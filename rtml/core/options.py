@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
+from rtml.rpc.messages import STREAMING
 from rtml.scheduler.resources import bad_amount
 from rtml.scheduler.strategy import DEFAULT, SPREAD, affinity
 
@@ -51,8 +53,14 @@ def check_options(options: dict[str, Any], allowed: set[str], what: str) -> dict
         if value is not None and bad_amount({name: value}):
             raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
     num_returns = options.get("num_returns")
-    if num_returns is not None and (not isinstance(num_returns, int) or num_returns < 0):
-        raise ValueError(f"num_returns must be an int >= 0, got {num_returns!r}")
+    if num_returns == "dynamic":
+        raise ValueError("num_returns='dynamic' is not supported: a generator function "
+                         "streams its items by default (num_returns='streaming'), "
+                         "which Ray recommends over 'dynamic' too")
+    if num_returns is not None and num_returns != "streaming" and (
+            not isinstance(num_returns, int) or num_returns < 0):
+        raise ValueError(f"num_returns must be an int >= 0 or 'streaming', got "
+                         f"{num_returns!r}")
     retries = options.get("max_retries")
     if retries is not None and (not isinstance(retries, int) or retries < -1):
         raise ValueError(f"max_retries must be an int >= -1 (-1: forever), got {retries!r}")
@@ -129,3 +137,16 @@ def _check_retry_exceptions(retry: Any) -> None:
         return
     raise TypeError(f"retry_exceptions must be a bool or a list of exception classes, got "
                     f"{retry!r}")
+
+
+def returns_of(num_returns: int | str) -> int:
+    """``num_returns`` as a task's spec carries it ("streaming": ``STREAMING``)."""
+    return STREAMING if num_returns == "streaming" else int(num_returns)
+
+
+def default_returns(function: Any) -> int | str:
+    """A function's ``num_returns`` when none is given: a generator's items stream, as
+    in Ray; anything else has one return."""
+    if inspect.isgeneratorfunction(function) or inspect.isasyncgenfunction(function):
+        return "streaming"
+    return 1

@@ -34,7 +34,7 @@ from rtml.core.object_ref import ObjectRef
 from rtml.core.serialization import from_payload, serialize
 from rtml.core.submitter import TaskRecord
 from rtml.exceptions import ObjectLostError, RtmlSystemError, TaskCancelledError
-from rtml.ids import task_of
+from rtml.ids import TaskID, object_id_for, task_of
 from rtml.rpc import messages as m
 from rtml.scheduler.strategy import parse_affinity
 
@@ -148,9 +148,9 @@ class TaskOwner:
     def complete_tasks(self, done: list[tuple[TaskRecord, m.TaskResult]]) -> None:
         """Store the returns of finished tasks and wake their getters (on the thread leading
         the I/O loop); the rest of their bookkeeping waits for the loop's next iteration."""
-        here = self.rt.node_id
         entries: list[tuple[bytes, Entry]] = []
         finished: list[_Outcome] = []
+        streams: list[tuple[TaskRecord, m.TaskResult]] = []
         for record, msg in done:
             if record.cancelled and _cancel_wins(record, msg):
                 self.fail_task(record, TaskCancelledError(
@@ -158,18 +158,14 @@ class TaskOwner:
                 continue
             if msg.returns and msg.returns[0].is_error and self._argument_lost(record, msg):
                 continue
-            if msg.node_id != here:
-                self._hold_remote_results(msg)
-            for ret in msg.returns:
-                if ret.value is None:
-                    entries.append((ret.object_id, IN_STORE))
-                    continue
-                if ret.contained:  # the worker's node manager holds its refs for it
-                    self._holds_at(ret.object_id, b"" if msg.node_id == here else msg.node_id)
-                entries.append((ret.object_id, ret.value))
+            self._entries_of(msg.returns, msg.node_id, entries)
             finished.append((record, msg))
+            if record.stream is not None:
+                streams.append((record, msg))
         for callback, object_id in self.rt.set_entries(entries):
             callback(object_id)  # wake getters first; bookkeeping can wait
+        for record, msg in streams:
+            self._end_stream(record, msg.returns[0].value if msg.returns[0].is_error else None)
         unsettled = self._mark_done(finished)
         if unsettled:
             self._unsettled.append(unsettled)
@@ -197,13 +193,72 @@ class TaskOwner:
         with self.rt.lock:
             self.rt.store.has_contained[object_id] = node_id
 
-    def _hold_remote_results(self, msg: m.TaskResult) -> None:
+    def _entries_of(self, returns: Sequence[m.ReturnObject], node_id: bytes,
+                    entries: list[tuple[bytes, Entry]]) -> None:
+        """Add the memory-store entries of ``returns``, made on ``node_id``, to
+        ``entries``; those stored on another node are held there for us."""
+        here = self.rt.node_id
+        if node_id != here:
+            self._hold_remote_results(returns, node_id)
+        for ret in returns:
+            if ret.value is None:
+                entries.append((ret.object_id, IN_STORE))
+                continue
+            if ret.contained:  # the worker's node manager holds its refs for it
+                self._holds_at(ret.object_id, b"" if node_id == here else node_id)
+            entries.append((ret.object_id, ret.value))
+
+    def _hold_remote_results(self, returns: Sequence[m.ReturnObject], node_id: bytes) -> None:
         """Results stored on another node: our node manager holds them there for us."""
-        remote = [ret.object_id for ret in msg.returns if ret.value is None]
+        remote = [ret.object_id for ret in returns if ret.value is None]
         if remote:
             for object_id in remote:
-                self.rt.refs.locations[object_id] = msg.node_id
-            self.rt.nm.send(m.AddHolds(remote, self.rt.client_id, msg.node_id))
+                self.rt.refs.locations[object_id] = node_id
+            self.rt.nm.send(m.AddHolds(remote, self.rt.client_id, node_id))
+
+    # -- generator tasks: items as they are yielded -------------------------------------------
+
+    def generated(self, items: list[m.GeneratorItem], node_id: bytes) -> None:
+        """Items generator tasks yielded (on ``node_id``), in order: stored, and their refs
+        handed to the tasks' streams. An item a retried task yields again is skipped."""
+        fresh: list[tuple[Any, m.GeneratorItem]] = []
+        with self.rt.lock:
+            for msg in items:
+                record = self.tasks.get(msg.task_id)
+                stream = record.stream if record is not None else None
+                if stream is not None and stream.accept(msg.index):
+                    fresh.append((stream, msg))
+        if not fresh:
+            return
+        entries: list[tuple[bytes, Entry]] = []
+        self._entries_of([msg.item for _, msg in fresh], node_id, entries)
+        for callback, object_id in self.rt.set_entries(entries):
+            callback(object_id)
+        refs = [(stream, ObjectRef(msg.item.object_id, self.rt.client_id))
+                for stream, msg in fresh]
+        with self.rt.lock:
+            for stream, ref in refs:
+                stream.add(ref)
+
+    def _end_stream(self, record: TaskRecord, error: m.Payload | None) -> None:
+        """A generator task ended; a failure is its stream's last item, so the consumer
+        meets it where the task stopped."""
+        stream = record.stream
+        with self.rt.lock:
+            if stream.ended:  # (a result and a failure may race)
+                return
+            index = stream.received
+            if error is not None:
+                stream.accept(index)
+        if error is not None:
+            object_id = object_id_for(TaskID(record.spec.task_id), index + 2)
+            for callback, oid in self.rt.set_entries([(object_id, error)]):
+                callback(oid)
+            ref = ObjectRef(object_id, self.rt.client_id)
+            with self.rt.lock:
+                stream.add(ref)
+        with self.rt.lock:
+            stream.end()
 
     def fail_task(self, record: TaskRecord, error: BaseException | None = None,
                   payload: m.Payload | None = None) -> None:
@@ -212,6 +267,8 @@ class TaskOwner:
             assert error is not None, "fail_task needs an error or a stored error payload"
             payload = serialize(StoredError(error)).to_payload(is_error=True)
         callbacks = self.rt.set_entries([(object_id, payload) for object_id in record.return_ids])
+        if record.stream is not None:
+            self._end_stream(record, payload)
         self._settle(self._mark_done([(record, {
             "task_id": record.spec.task_id, "attempt": record.spec.attempt, "status": "FAILED",
             "error": repr(error) if error else "dependency failed"})]))
@@ -412,10 +469,10 @@ class TaskOwner:
         if caller is not None:
             caller.ended(why)
 
-    def cancel(self, ref: ObjectRef, force: bool, recursive: bool = False) -> None:
-        """Cancel the task producing ``ref``; its getters then raise TaskCancelledError."""
+    def cancel(self, task_id: bytes, force: bool, recursive: bool = False) -> None:
+        """Cancel task ``task_id``; its getters then raise TaskCancelledError."""
         with self.rt.lock:
-            record = self.tasks.get(task_of(ref.id))
+            record = self.tasks.get(task_id)
             if record is None or record.done:
                 return
         self._cancel(record, force, recursive)

@@ -14,7 +14,13 @@ import cloudpickle
 from rtml.core import context
 from rtml.core.calls import submit_call
 from rtml.core.dag import FunctionNode
-from rtml.core.options import TASK_OPTIONS, check_options, strategy_of
+from rtml.core.options import (
+    TASK_OPTIONS,
+    check_options,
+    default_returns,
+    returns_of,
+    strategy_of,
+)
 from rtml.core.signatures import CallCheck
 from rtml.scheduler.resources import DEFAULT_SHAPE, shape_key, task_shape
 
@@ -74,13 +80,14 @@ class RemoteFunction(Exported):
     """A function that runs as a task on the cluster."""
 
     def __init__(self, function: Any, options: dict[str, Any]) -> None:
-        if inspect.iscoroutinefunction(function):
+        if inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function):
             raise ValueError(f"'async def' cannot be a remote function ({function.__name__}): "
                              f"a task runs one call to completion; wrap it in a plain function "
                              f"that calls asyncio.run(...), or make it a method of an actor "
                              f"(async actors run their methods on an event loop)")
         super().__init__(function)
-        self._options = check_options(dict(options), TASK_OPTIONS, "a remote function")
+        self._options = check_options({"num_returns": default_returns(function), **options},
+                                      TASK_OPTIONS, "a remote function")
         self._name = getattr(function, "__qualname__", repr(function))
         self._call = _CallOptions(self._name, self._options)
         self._check = CallCheck.of(function, f"remote function {self._name}")
@@ -119,7 +126,7 @@ class _CallOptions:
 
     def __init__(self, name: str, options: dict[str, Any]) -> None:
         self.name = options.get("name") or name
-        self.num_returns = options.get("num_returns", 1)
+        self.num_returns = returns_of(options.get("num_returns", 1))
         self.max_retries = options.get("max_retries", 3)
         self.retry_exceptions = options.get("retry_exceptions", False)
         self.shape = task_shape(options.get("num_cpus"), options.get("num_gpus"),

@@ -541,7 +541,7 @@ class ClientRuntime:
         try:
             while len(values) < len(missing):
                 flag = wake[0]
-                self._block(flag, deadline, [r.id for r in missing if r.id not in values])
+                self.block(flag, deadline, [r.id for r in missing if r.id not in values])
                 wake[0] = Flag()
                 while arrived:
                     ref, answer = arrived.pop(0)
@@ -574,7 +574,7 @@ class ClientRuntime:
                 self.store.add_waiter(object_id, arrived)
         try:
             # A get of one task's result: the round trip's answer is due soon.
-            self._block(done, deadline, missing, spin=len(refs) == 1)
+            self.block(done, deadline, missing, spin=len(refs) == 1)
         except BaseException:  # timed out or interrupted: a polling loop must not pile up
             with self.lock:
                 for object_id in missing:
@@ -587,7 +587,7 @@ class ClientRuntime:
                 self.store.remove_waiter(object_id, arrived)
         return next(ref for ref in refs if ref.id == failures[0])
 
-    def _block(self, done: Flag, deadline: float | None, ids: list[bytes],
+    def block(self, done: Flag, deadline: float | None, ids: list[bytes],
                spin: bool = False) -> None:
         """Wait for ``done``; ``spin``: one task's result, due soon (see Reactor.SPIN)."""
         if done.is_set():
@@ -654,7 +654,7 @@ class ClientRuntime:
         self._replies[req_id] = reply
         self.nm.send(m.WaitObject(req_id, object_id, owner, node_id))
         try:
-            self._block(done, deadline, [object_id])
+            self.block(done, deadline, [object_id])
         except GetTimeoutError:
             self._replies.pop(req_id, None)
             raise

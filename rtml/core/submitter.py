@@ -61,6 +61,7 @@ class TaskRecord:
     done: bool = False
     solo: bool = False  # pushed alone (untimed or long): nothing may queue behind it
     parent: bytes | None = None  # the task that submitted it (None: the driver's own code)
+    stream: Any = None  # a generator task's items as they come (a generators.Stream)
 
 
 @dataclass(eq=False)
@@ -289,6 +290,7 @@ class TaskSubmitter:
         worker: LeasedWorker = conn.context
         done: list[tuple[TaskRecord, m.TaskResult]] = []
         failed: list[tuple[TaskRecord, BaseException]] = []
+        items: list[m.GeneratorItem] = []
         matched = 0
         with rt.lock:
             queue = self.queues[worker.key]
@@ -296,6 +298,9 @@ class TaskSubmitter:
             run_times = queue.run_times
             wanted: list[TaskRecord] = []
             for msg in msgs:
+                if type(msg) is m.GeneratorItem:  # a generator task's, still running
+                    items.append(msg)
+                    continue
                 record = inflight.pop(msg.task_id, None)
                 if record is None:
                     continue
@@ -313,6 +318,8 @@ class TaskSubmitter:
                 else:
                     done.append((record, msg))
             if not matched:
+                if items:
+                    rt.owner.generated(items, worker.node_id)
                 return
             if wanted:
                 queue.tasks.extendleft(reversed(wanted))  # ahead of the rest, in their order
@@ -326,6 +333,8 @@ class TaskSubmitter:
                 self._arm_idle(worker)
         if spread:
             self._retire(worker)
+        if items:
+            rt.owner.generated(items, worker.node_id)
         if done:
             rt.owner.complete_tasks(done)
         for record, error in failed:

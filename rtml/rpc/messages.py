@@ -20,6 +20,7 @@ import msgspec
 from rtml.rpc.protocols import base, head, link, node, task
 from rtml.rpc.protocols.base import (
     PROTOCOL_VERSION,
+    STREAMING,
     ActorSpec,
     Challenge,
     Hello,
@@ -99,6 +100,7 @@ from rtml.rpc.protocols.node import (
 from rtml.rpc.protocols.task import (
     CancelCall,
     FunctionWanted,
+    GeneratorItem,
     PushFunction,
     PushTask,
     TaskResult,
@@ -121,7 +123,7 @@ __all__ = [
     "CreateActor",
     "CreateObject",
     "FlushOutput",
-    "FunctionWanted",
+    "FunctionWanted", "GeneratorItem",
     "FenceHolds",
     "GetActorInfo",
     "GetClusterInfo",
@@ -153,6 +155,7 @@ __all__ = [
     "ObjectLocated",
     "ObjectsFreed",
     "PROTOCOL_VERSION",
+    "STREAMING",
     "Payload",
     "PushFunction",
     "PushTask",

@@ -121,7 +121,7 @@ class Executor:
 
     def _run_and_reply(self, conn: Connection, spec: m.TaskSpec) -> None:
         try:
-            result = self.execute(spec)
+            result = self.execute(spec, conn)
         except Exception as exc:  # a bug of ours: the owner must still get an answer
             log.exception("executing %s failed", spec.name)
             result = self._result(spec, self._plain_error_returns(spec, exc), time.time())
@@ -144,7 +144,7 @@ class Executor:
         assert self.semaphore is not None
         try:
             async with self.semaphore:
-                result = await self._call_async(spec)
+                result = await self._call_async(spec, conn)
         except asyncio.CancelledError:  # cancelled while it waited for its turn
             self._cancellable.pop(spec.task_id, None)
             result = self._cancelled(spec, time.time())
@@ -154,7 +154,7 @@ class Executor:
             await asyncio.get_running_loop().run_in_executor(None, refs.fence)
         conn.send(result)
 
-    async def _call_async(self, spec: m.TaskSpec) -> m.TaskResult:
+    async def _call_async(self, spec: m.TaskSpec, conn: Connection) -> m.TaskResult:
         start = time.time()
         if spec.task_id in self.cancelled:  # cancelled before it started
             self.cancelled.discard(spec.task_id)
@@ -163,7 +163,10 @@ class Executor:
             context.set_current_task(spec)  # this asyncio task's own context
             method, args, kwargs = self._prepare(spec)
             value = method(*args, **kwargs)
-            if inspect.isawaitable(value):
+            if spec.num_returns == m.STREAMING:
+                await self._stream_async(spec, value, conn)
+                value = None  # its return: its completion
+            elif inspect.isawaitable(value):
                 value = await value
             returns = self._returns(spec, value)
         except ActorExit:
@@ -180,7 +183,8 @@ class Executor:
 
     # -- one task ----------------------------------------------------------------------------
 
-    def execute(self, spec: m.TaskSpec) -> m.TaskResult | m.FunctionWanted:
+    def execute(self, spec: m.TaskSpec, conn: Connection
+                ) -> m.TaskResult | m.FunctionWanted:
         start = time.time()
         if spec.gpu_ids != self.visible_gpus and self.actor is None:  # an actor keeps its own
             set_visible_gpus(spec.gpu_ids)
@@ -194,6 +198,9 @@ class Executor:
             context.set_current_task(spec)
             try:
                 value = function(*args, **kwargs)
+                if spec.num_returns == m.STREAMING:
+                    self._stream(spec, value, conn)
+                    value = None  # its return: its completion
             finally:
                 self.current = None
                 context.set_current_task(None)
@@ -284,9 +291,31 @@ class Executor:
             raise _Failed(serialize(value).to_payload(is_error=True))
         return value
 
+    def _stream(self, spec: m.TaskSpec, items: Any, conn: Connection) -> None:
+        """Send each item a generator task yields to its owner as it comes, in order (its
+        index names its object); the task's own return, its completion, is None."""
+        for index, item in enumerate(_generator_of(spec, items)):
+            self._send_item(spec, index, item, conn)
+
+    async def _stream_async(self, spec: m.TaskSpec, items: Any, conn: Connection) -> None:
+        """``_stream`` for an async actor: an async generator's items, or a plain one's."""
+        if not inspect.isasyncgen(items):
+            self._stream(spec, items, conn)
+            return
+        index = 0
+        async for item in items:
+            self._send_item(spec, index, item, conn)
+            index += 1
+
+    def _send_item(self, spec: m.TaskSpec, index: int, item: Any, conn: Connection) -> None:
+        object_id = object_id_for(TaskID(spec.task_id), index + 2)
+        ret = self._store_return(spec, object_id, _serialize_return(spec, item))
+        self.rt.refs.settle()  # as before a result: before the owner may release
+        conn.send(m.GeneratorItem(spec.task_id, index, ret))
+
     def _returns(self, spec: m.TaskSpec, value: Any) -> tuple[m.ReturnObject, ...]:
         count = spec.num_returns
-        if count == 1:  # the usual case, without the lists below
+        if count == 1 or count == m.STREAMING:  # the usual case, without the lists below
             object_id = first_return_id(spec.task_id)
             payload = plain_payload(value)
             if payload is not None:
@@ -476,8 +505,17 @@ def _stored_error(error: BaseException) -> m.Payload:
     return serialize(StoredError(error)).to_payload(is_error=True)
 
 
+def _generator_of(spec: m.TaskSpec, items: Any) -> Any:
+    """What a streaming task's function returned, if it is an iterator; else raise."""
+    if inspect.isgenerator(items) or (hasattr(items, "__next__") and hasattr(items, "__iter__")):
+        return items
+    raise TypeError(f"task {spec.name!r} has num_returns='streaming' but returned "
+                    f"{type(items).__name__}, not a generator; use yield in its function, "
+                    f"or leave num_returns at its default")
+
+
 def return_ids(spec: m.TaskSpec) -> list[bytes]:
-    if spec.num_returns == 1:
+    if spec.num_returns == 1 or spec.num_returns == m.STREAMING:
         return [first_return_id(spec.task_id)]
     task_id = TaskID(spec.task_id)
     return [object_id_for(task_id, i + 1) for i in range(spec.num_returns)]

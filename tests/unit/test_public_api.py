@@ -14,7 +14,8 @@ import rtml.exceptions as exc
 EXPECTED_ALL = {
     "init", "shutdown", "is_initialized", "nodes", "cluster_resources", "available_resources",
     "get_runtime_context", "timeline", "remote", "get", "put", "wait", "cancel", "kill",
-    "get_actor", "get_gpu_ids", "ObjectRef", "ActorHandle", "NodeAffinitySchedulingStrategy",
+    "get_actor", "get_gpu_ids", "ObjectRef", "ObjectRefGenerator", "ActorHandle",
+    "NodeAffinitySchedulingStrategy",
     "exceptions", "method",
 }
 

@@ -26,6 +26,10 @@ import msgspec
 
 PROTOCOL_VERSION = 9
 
+STREAMING = -1
+"""``TaskSpec.num_returns`` of a generator task: its items stream to the owner as
+``GeneratorItem``s; its one return (index 1) is set when it ends (``completed()``)."""
+
 
 class Msg(msgspec.Struct, array_like=True, tag=True, omit_defaults=False, gc=False):
     """Base of all wire messages."""

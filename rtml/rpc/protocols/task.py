@@ -2,6 +2,8 @@
 
     owner --PushTask(spec)--> worker (runs it: a task, or an actor method)
     owner <--TaskResult------ worker (small returns inline, large ones in shared memory)
+    owner <--GeneratorItem--- worker (a generator task's items as they are yielded, in
+                              order, before its TaskResult)
     owner --CancelCall------> actor worker (a call already sent: skipped if not started; an
                               async method running gets asyncio.CancelledError)
     owner <--FunctionWanted-- worker (the task's function is not in the control plane, or
@@ -43,7 +45,13 @@ class PushFunction(Msg, tag=14):
     blob: bytes
 
 
+class GeneratorItem(Msg, tag=15):
+    task_id: bytes
+    index: int  # 0, 1, ...: object id object_id_for(task_id, index + 2)
+    item: ReturnObject
+
+
 Message = (
-    PushTask | TaskResult | CancelCall | FunctionWanted | PushFunction
+    PushTask | TaskResult | CancelCall | FunctionWanted | PushFunction | GeneratorItem
 )
 """Every message of this protocol."""
