@@ -9,4 +9,5 @@ and ``memory_store`` (the owner's values). ``submitter``, ``owner``, ``reference
 """
 
 __all__ = ["actors", "context", "generators", "dag", "memory_store", "object_ref", "options",
-           "remote_function", "runtime", "runtime_context", "serialization"]
+           "placement_groups", "remote_function", "runtime", "runtime_context",
+           "serialization"]

@@ -29,6 +29,7 @@ from rtml.core.options import (
     METHOD_OPTIONS,
     check_options,
     default_returns,
+    in_group,
     returns_of,
     strategy_of,
 )
@@ -111,10 +112,11 @@ class ActorClass(Exported):
         built = build_args(rt, args, kwargs)
         is_async = any(inspect.iscoroutinefunction(f) or inspect.isasyncgenfunction(f)
                        for _, f in _methods(self._cls))
-        place = task_shape(options.get("num_cpus"), options.get("num_gpus"),
-                           options.get("memory"), options.get("resources"))
-        hold = task_shape(options.get("num_cpus"), options.get("num_gpus"),
-                          options.get("memory"), options.get("resources"), default_cpus=0)
+        place = in_group(options, task_shape(options.get("num_cpus"), options.get("num_gpus"),
+                                             options.get("memory"), options.get("resources")))
+        hold = in_group(options, task_shape(options.get("num_cpus"), options.get("num_gpus"),
+                                            options.get("memory"), options.get("resources"),
+                                            default_cpus=0))
         spec = m.ActorSpec(
             actor_id=random_id(), job_id=rt.job_id or context.current_job(),
             owner_id=rt.client_id, class_id=class_id,

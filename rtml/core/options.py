@@ -6,14 +6,18 @@ import inspect
 from typing import Any
 
 from rtml.rpc.messages import STREAMING
-from rtml.scheduler.resources import bad_amount
+from rtml.scheduler.bundles import group_shape
+from rtml.scheduler.resources import Shape, bad_amount
 from rtml.scheduler.strategy import DEFAULT, SPREAD, affinity
 
+GROUP_OPTIONS = {"placement_group", "placement_group_bundle_index",
+                 "placement_group_capture_child_tasks"}
+"""Ray's older way to put a task or actor in a placement group."""
 TASK_OPTIONS = {"num_cpus", "num_gpus", "memory", "resources", "num_returns", "max_retries",
-                "retry_exceptions", "name", "scheduling_strategy"}
+                "retry_exceptions", "name", "scheduling_strategy", *GROUP_OPTIONS}
 ACTOR_OPTIONS = {"num_cpus", "num_gpus", "memory", "resources", "name", "namespace",
                  "lifetime", "get_if_exists", "max_restarts", "max_task_retries",
-                 "max_concurrency", "scheduling_strategy"}
+                 "max_concurrency", "scheduling_strategy", *GROUP_OPTIONS}
 METHOD_OPTIONS = {"num_returns", "name"}
 
 
@@ -32,6 +36,43 @@ class NodeAffinitySchedulingStrategy:
 
     def __repr__(self) -> str:
         return f"NodeAffinitySchedulingStrategy({self.node_id!r}, soft={self.soft})"
+
+
+class PlacementGroupSchedulingStrategy:
+    """Run in bundle ``placement_group_bundle_index`` (-1: any) of ``placement_group``
+    (``rtml.util.placement_group``), on the resources the group reserved."""
+
+    def __init__(self, placement_group: Any, placement_group_bundle_index: int = -1,
+                 placement_group_capture_child_tasks: bool | None = None) -> None:
+        count = getattr(placement_group, "bundle_count", None)
+        if not isinstance(count, int) or not hasattr(placement_group, "id"):
+            raise TypeError(f"PlacementGroupSchedulingStrategy needs a placement group (from "
+                            f"rtml.util.placement_group(...)), got {placement_group!r}")
+        index = placement_group_bundle_index
+        if isinstance(index, bool) or not isinstance(index, int) or not -1 <= index < count:
+            raise ValueError(f"placement_group_bundle_index must be -1 (any bundle) or "
+                             f"0..{count - 1}, got {index!r}")
+        self.placement_group = placement_group
+        self.placement_group_bundle_index = index
+        self.placement_group_capture_child_tasks = placement_group_capture_child_tasks
+
+    def __repr__(self) -> str:
+        return (f"PlacementGroupSchedulingStrategy({self.placement_group!r}, "
+                f"{self.placement_group_bundle_index})")
+
+
+def in_group(options: dict[str, Any], shape: Shape) -> Shape:
+    """``shape`` moved onto the placement group bundle the options name, if they name
+    one (``scheduling_strategy`` or Ray's ``placement_group=`` options)."""
+    strategy = options.get("scheduling_strategy")
+    if not isinstance(strategy, PlacementGroupSchedulingStrategy):
+        group = options.get("placement_group")
+        if group is None or group == "default":
+            return shape
+        strategy = PlacementGroupSchedulingStrategy(
+            group, options.get("placement_group_bundle_index", -1))
+    return group_shape(shape, strategy.placement_group.id.hex(),
+                       strategy.placement_group_bundle_index)
 
 
 def strategy_of(options: dict[str, Any]) -> str:
@@ -84,9 +125,14 @@ def check_options(options: dict[str, Any], allowed: set[str], what: str) -> dict
                          "actor by name, so pass name=... as well")
     strategy = options.get("scheduling_strategy")
     if strategy is not None and strategy not in ("DEFAULT", "SPREAD") and not isinstance(
-            strategy, NodeAffinitySchedulingStrategy):
-        raise ValueError(f"scheduling_strategy must be 'DEFAULT', 'SPREAD' or a "
-                         f"NodeAffinitySchedulingStrategy, got {strategy!r}")
+            strategy, NodeAffinitySchedulingStrategy | PlacementGroupSchedulingStrategy):
+        raise ValueError(f"scheduling_strategy must be 'DEFAULT', 'SPREAD', a "
+                         f"NodeAffinitySchedulingStrategy or a "
+                         f"PlacementGroupSchedulingStrategy, got {strategy!r}")
+    group = options.get("placement_group")
+    if group is not None and group != "default":
+        PlacementGroupSchedulingStrategy(group, options.get("placement_group_bundle_index",
+                                                            -1))  # checks both
     lifetime = options.get("lifetime")
     if lifetime not in (None, "detached", "non_detached"):
         raise ValueError(f"lifetime must be 'detached' or None, got {lifetime!r}")

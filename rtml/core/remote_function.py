@@ -18,6 +18,7 @@ from rtml.core.options import (
     TASK_OPTIONS,
     check_options,
     default_returns,
+    in_group,
     returns_of,
     strategy_of,
 )
@@ -129,8 +130,8 @@ class _CallOptions:
         self.num_returns = returns_of(options.get("num_returns", 1))
         self.max_retries = options.get("max_retries", 3)
         self.retry_exceptions = options.get("retry_exceptions", False)
-        self.shape = task_shape(options.get("num_cpus"), options.get("num_gpus"),
-                                options.get("memory"), options.get("resources"))
+        self.shape = in_group(options, task_shape(options.get("num_cpus"), options.get(
+            "num_gpus"), options.get("memory"), options.get("resources")))
         self.key = (*shape_key(self.shape), strategy_of(options))  # tasks sharing leases
         self.assigned = None if self.shape == DEFAULT_SHAPE else self.shape
 

@@ -358,7 +358,8 @@ class ClientRuntime:
         if isinstance(msg, m.ActorInfo) and not msg.req_id:  # an actor we created is DEAD
             with self.lock:
                 self.owner.actor_ended(msg.actor_id, msg.error or "the actor is DEAD")
-        elif isinstance(msg, (m.ActorInfo, m.ClusterInfo, m.OutputFlushed, m.NamedActors)):
+        elif isinstance(msg, (m.ActorInfo, m.ClusterInfo, m.OutputFlushed, m.NamedActors,
+                              m.PlacementGroupInfo)):
             self.head.settled(msg.req_id)
             self._deliver_reply(msg.req_id, msg)
         elif isinstance(msg, m.WorkerOutput):

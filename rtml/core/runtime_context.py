@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from rtml.core import context
 from rtml.core.actors import ActorHandle, handle_of
 from rtml.ids import JobID, NodeID
+from rtml.scheduler.bundles import BUNDLE
 from rtml.scheduler.resources import DEFAULT_SHAPE
 
 if TYPE_CHECKING:
@@ -80,11 +81,11 @@ class RuntimeContext:
         for a task given no resource options; ``{}`` in a driver."""
         actor = context.current_actor()
         if actor is not None:
-            return {k: v for k, v in actor.spec.hold_shape.items() if v}
+            return base_resources(actor.spec.hold_shape)
         spec = context.current_spec()
         if spec is None:
             return {}
-        return dict(spec.resources if spec.resources is not None else DEFAULT_SHAPE)
+        return base_resources(spec.resources if spec.resources is not None else DEFAULT_SHAPE)
 
     def get_accelerator_ids(self) -> dict[str, list[str]]:
         return {"GPU": [str(i) for i in gpu_ids()]}
@@ -123,3 +124,14 @@ def gpu_ids() -> list[int]:
         return list(spec.gpu_ids)
     actor = context.current_actor()
     return list(actor.gpu_ids) if actor is not None else []
+
+
+def base_resources(shape: dict[str, float]) -> dict[str, float]:
+    """``shape`` with a placement group's names read as the resources they stand for
+    (``CPU_group_0_<pg>``: CPU), as a task sees them."""
+    named: dict[str, float] = {}
+    for name, amount in shape.items():
+        base = name.split("_group_", 1)[0]
+        if amount and base != BUNDLE:
+            named[base] = named.get(base, 0.0) + amount
+    return named

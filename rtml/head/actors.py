@@ -226,6 +226,17 @@ class ActorDirectory:
         commands = self._release_name(actor) if no_restart else []
         return commands + self._kill(actor, reason or "it was killed with rtml.kill()")
 
+    def group_removed(self, pg_hex: str) -> list[Command]:
+        """A placement group was removed: the actors placed on its bundles end for good."""
+        commands: list[Command] = []
+        suffix = f"_{pg_hex}"
+        for actor in list(self.actors.values()):
+            if actor.state is not ActorState.DEAD and any(
+                    name.endswith(suffix) for name in actor.spec.shape):
+                commands += self.kill(actor.spec.actor_id, True,
+                                      f"its placement group {pg_hex} was removed")
+        return commands
+
     def exiting(self, peer: Caller, req_id: int, actor_id: bytes) -> list[Command]:
         """The actor called exit_actor(): it ends when its process exits (worker_died),
         not restarted, its name free at once; answered so that it may exit."""

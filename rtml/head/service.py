@@ -45,10 +45,12 @@ import msgspec
 from rtml.config import HEARTBEAT_INTERVAL, HeadConfig
 from rtml.control_plane import BatchedWriter, ControlPlane, RedisAddress, tls_from_text
 from rtml.head import actors as ad
+from rtml.head import placement_groups as pgs
 from rtml.head.writes import PlaneWrites
 from rtml.rpc import messages as m
 from rtml.rpc.server import Peer, Service
 from rtml.scheduler import placement as pl
+from rtml.scheduler.bundles import group_of
 from rtml.scheduler.resources import bad_amount, fits
 from rtml.scheduler.strategy import SPREAD, parse_affinity
 
@@ -88,6 +90,7 @@ class HeadService(Service):
         self.nodes: dict[bytes, NodeState] = {}
         self.sched = pl.GlobalScheduler()
         self.actors = ad.ActorDirectory(self._actor_node, self._node_alive)
+        self.groups = pgs.PlacementGroups()
         self.jobs: dict[bytes, Peer] = {}
         self.namespaces: dict[bytes, str] = {}  # every job's, also once it ended
         self.output_fences: dict[int, tuple[Peer, int, set[bytes]]] = {}  # see _flush_output
@@ -159,6 +162,7 @@ class HeadService(Service):
         self.writes.write(self.plane.finish_job, job_id)
         self._event("JobFinished", job_id=job_id)
         self._carry_out(self.actors.job_ended(job_id, why))
+        self._carry_groups(self.groups.job_ended(job_id))
         self.writes.aside(fail_pending_tasks, self.plane, job_id)
 
     def close(self) -> None:
@@ -238,11 +242,13 @@ class HeadService(Service):
         if bad:
             log.warning("ignoring a heartbeat of node %s: %s", msg.node_id.hex(), bad)
             return
-        self._decided(self.sched.heartbeat(msg.node_id, msg.available, time.monotonic()))
+        self._decided(self.sched.heartbeat(msg.node_id, msg.available, time.monotonic(),
+                                           msg.total))
         self.writes.latest(("heartbeat", msg.node_id), self.plane.heartbeat, msg.node_id,
                            msg.available, msg.pending_shapes)
         if self.actors.pending:
             self._carry_out(self.actors.place_pending())
+        self._carry_groups(self.groups.place_pending(self._room()))
 
     def check_liveness(self) -> None:
         """Declare dead every node silent for longer than the node timeout (and, after a
@@ -281,6 +287,7 @@ class HeadService(Service):
             if other.alive:
                 other.peer.send(notice)
         self._carry_out(self.actors.node_died(node_id, reason))
+        self._carry_groups(self.groups.node_died(node_id, self._room()))
 
     # -- spilled lease requests (the global scheduler) ---------------------------------------
 
@@ -289,6 +296,9 @@ class HeadService(Service):
         if origin is None:
             return
         bad = bad_amount(msg.shape)
+        group = group_of(msg.shape)
+        if group and self.groups.removed(group):
+            bad = f"its placement group {group} was removed"
         if bad:
             peer.send(m.LeasePlaced(msg.req_id, b"", "", error=f"lease refused: {bad}"))
             return
@@ -296,7 +306,8 @@ class HeadService(Service):
                              msg.must_move)
         decision = self.sched.place(request)
         if isinstance(decision, pl.Pending):
-            if not self.expected_nodes:  # else a node that rejoins soon may well fit it
+            if not self.expected_nodes and not group:  # (a group's: until it is created;
+                # else a node that rejoins soon may well fit it)
                 peer.send(m.LeasePlaced(msg.req_id, b"", "", infeasible=True))
         elif not isinstance(decision, pl.Parked):
             self._decided([decision])
@@ -417,6 +428,36 @@ class HeadService(Service):
             msg.namespace = self.namespaces.get(msg.job_id, "")
         self._carry_out(self.actors.lookup(peer, msg))
 
+    # -- placement groups ----------------------------------------------------------------------
+
+    def _create_group(self, peer: Peer, msg: m.CreatePlacementGroup) -> None:
+        if not msg.namespace:
+            msg.namespace = self.namespaces.get(msg.job_id, "")
+        self._carry_groups(self.groups.create(msg, self._room()))
+
+    def _remove_group(self, peer: Peer, msg: m.RemovePlacementGroup) -> None:
+        self._carry_groups(self.groups.remove(msg.pg_id))
+
+    def _get_group(self, peer: Peer, msg: m.GetPlacementGroup) -> None:
+        namespace = msg.namespace or self.namespaces.get(msg.job_id, "")
+        peer.send(self.groups.lookup(msg.req_id, msg.pg_id, msg.name, namespace))
+
+    def _bundles_prepared(self, peer: Peer, msg: m.BundlesPrepared) -> None:
+        self._carry_groups(self.groups.prepared(msg.pg_id, msg.node_id, msg.ok))
+
+    def _room(self) -> dict[bytes, dict[str, float]]:
+        """Each live node's available resources, as the global scheduler sees them."""
+        return {n.node_id: n.available for n in self.sched.alive()}
+
+    def _carry_groups(self, commands: list[pgs.Command]) -> None:
+        for command in commands:
+            if isinstance(command, pgs.Send):
+                node = self.nodes.get(command.node_id)
+                if node is not None and node.alive:
+                    node.peer.send(command.msg)
+            else:
+                self._carry_out(self.actors.group_removed(command.pg_hex))
+
     def _actor_exiting(self, peer: Peer, msg: m.ActorExiting) -> None:
         self._carry_out(self.actors.exiting(peer, msg.req_id, msg.actor_id))
 
@@ -468,7 +509,9 @@ class HeadService(Service):
         m.SpillLease: _spill_lease, m.WorkerOutput: _output,
         m.CancelLeaseRequest: _spill_withdrawn, m.FlushOutput: _flush_output,
         m.OutputFlushed: _output_flushed, m.ListNamedActors: _named_actors,
-        m.ActorExiting: _actor_exiting,
+        m.ActorExiting: _actor_exiting, m.CreatePlacementGroup: _create_group,
+        m.RemovePlacementGroup: _remove_group, m.GetPlacementGroup: _get_group,
+        m.BundlesPrepared: _bundles_prepared,
     }
 
 

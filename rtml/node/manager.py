@@ -53,7 +53,14 @@ from rtml.node.workers import WorkerLauncher, WorkerProc
 from rtml.rpc import messages as m
 from rtml.rpc.client import make_hello
 from rtml.rpc.server import Peer, Service, protocol_factory
-from rtml.scheduler.local import Grant, LocalScheduler, StartActor, StartWorker, StopWorker
+from rtml.scheduler.local import (
+    Grant,
+    LocalScheduler,
+    StartActor,
+    StartWorker,
+    StopActor,
+    StopWorker,
+)
 from rtml.session import Session
 
 log = logging.getLogger(__name__)
@@ -88,6 +95,7 @@ class NodeManager(Service):
         self.workers: dict[bytes, WorkerProc] = {}
         self.actor_specs: dict[bytes, m.ActorSpec] = {}
         self.actor_restarts: dict[bytes, int] = {}  # of the actors restarted, until placed
+        self._total_sent = 0  # the scheduler's total_changes the head was last sent
         self.actor_gpus: dict[bytes, tuple[int, ...]] = {}
         self.unix_path = str(self.session.sockets / "nm.sock")
         self.stopped = asyncio.Event()
@@ -166,8 +174,11 @@ class NodeManager(Service):
         while True:
             for worker_id in self.sched.reap_idle(IDLE_WORKER_TICKS):
                 self.workers[worker_id].kill()
+            changes = self.sched.total_changes  # (placement group bundles)
+            total = dict(self.sched.total) if changes != self._total_sent else None
+            self._total_sent = changes
             self.head.send(m.NodeHeartbeat(self.node_id, self._available(),
-                                           self.leases.waiting_shapes()))
+                                           self.leases.waiting_shapes(), total))
             await self.objects.flush(self.plane)
             await self.objects.locate_unknown(self.plane)
             await asyncio.sleep(HEARTBEAT_INTERVAL)
@@ -203,6 +214,13 @@ class NodeManager(Service):
                                              msg.spec.hold_shape))
         elif isinstance(msg, m.KillActorWorker):
             self._kill_actor(msg.actor_id)
+        elif isinstance(msg, m.PrepareBundles):
+            ok = self.sched.prepare_bundles(msg.pg_id.hex(), list(msg.bundles))
+            self.head.send(m.BundlesPrepared(msg.pg_id, self.node_id, ok))
+        elif isinstance(msg, m.CommitBundles):
+            self._run(self.sched.commit_bundles(msg.pg_id.hex()))
+        elif isinstance(msg, m.ReleaseBundles):
+            self._run(self.sched.release_bundles(msg.pg_id.hex()))
         elif isinstance(msg, m.LeasePlaced):
             self._run(self.leases.placed(msg))
         elif isinstance(msg, m.NodeTable):
@@ -387,6 +405,8 @@ class NodeManager(Service):
                 self._spawn(command.actor_id)
             elif isinstance(command, StopWorker):
                 self.workers[command.worker_id].kill()
+            elif isinstance(command, StopActor):
+                self._kill_actor(command.actor_id)
 
     def _spawn(self, actor_id: bytes) -> None:
         worker = WorkerProc(random_id(), actor_id)

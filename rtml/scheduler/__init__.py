@@ -3,4 +3,4 @@ worker pool and resources), ``placement`` (the global scheduler: where a spilled
 or an actor goes), ``resources`` (shapes and their arithmetic) and ``strategy`` (the
 wire form of a scheduling strategy)."""
 
-__all__ = ["local", "placement", "resources", "strategy"]
+__all__ = ["bundles", "local", "placement", "resources", "strategy"]

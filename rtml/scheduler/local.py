@@ -25,6 +25,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from rtml.scheduler.bundles import bundle_resources
 from rtml.scheduler.resources import Shape, add, fits, subtract
 
 CPU = "CPU"
@@ -55,6 +56,20 @@ class StartActor:
     """An actor has its resources; start its dedicated worker."""
     actor_id: bytes
     gpu_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class StopActor:
+    """Its placement group was removed: the actor's worker is stopped."""
+    actor_id: bytes
+
+
+@dataclass
+class Bundles:
+    """A placement group's bundles on this node: taken from the pool when prepared,
+    offered under the group's names once committed."""
+    shapes: list[tuple[int, Shape]]
+    committed: bool = False
 
 
 @dataclass
@@ -100,6 +115,8 @@ class LocalScheduler:
     free_gpus: list[int] = field(init=False)
     actor_gpus: dict[bytes, tuple[int, ...]] = field(default_factory=dict)
     gpu_worker: dict[bytes, bool] = field(default_factory=dict)  # by its first lease's kind
+    bundles: dict[str, Bundles] = field(default_factory=dict)  # by placement group (hex)
+    total_changes: int = 0  # bundles committed or released: the head is sent the new total
     _ids: itertools.count = field(default_factory=lambda: itertools.count(1))
 
     def __post_init__(self) -> None:
@@ -190,6 +207,61 @@ class LocalScheduler:
             add(self.available, shape)
         self.free_gpus.extend(self.actor_gpus.pop(actor_id, ()))
         return self.dispatch()
+
+    # -- placement group bundles -------------------------------------------------------------
+
+    def prepare_bundles(self, pg_hex: str, shapes: list[tuple[int, Shape]]) -> bool:
+        """Take the bundles' resources from the pool if they fit now (the head asks every
+        node of the group before any commits)."""
+        if pg_hex in self.bundles:
+            return True
+        need: Shape = {}
+        for _, shape in shapes:
+            add(need, shape)
+        if not fits(need, self.available):
+            return False
+        subtract(self.available, need)
+        self.bundles[pg_hex] = Bundles(shapes)
+        return True
+
+    def commit_bundles(self, pg_hex: str) -> list[Any]:
+        """Every node of the group prepared: its tasks and actors may now use them."""
+        bundles = self.bundles.get(pg_hex)
+        if bundles is None or bundles.committed:
+            return []
+        bundles.committed = True
+        for index, shape in bundles.shapes:
+            offered = bundle_resources(shape, pg_hex, index)
+            add(self.total, offered)
+            add(self.available, offered)
+        self.total_changes += 1
+        return self.dispatch()
+
+    def release_bundles(self, pg_hex: str) -> list[Any]:
+        """The group was removed (or not created): its resources go back to the pool, and
+        what runs on them is stopped."""
+        bundles = self.bundles.pop(pg_hex, None)
+        if bundles is None:
+            return []
+        for _, shape in bundles.shapes:
+            add(self.available, shape)
+        if not bundles.committed:
+            return self.dispatch()
+        ours = f"_{pg_hex}"
+        for resources in (self.total, self.available):
+            for name in [n for n in resources if n.endswith(ours)]:
+                del resources[name]
+        commands: list[Any] = []
+        for lease in self.leases.values():
+            if any(name.endswith(ours) for name in lease.shape):
+                lease.shape = {}  # nothing of it comes back: the group's names are gone
+                commands.append(StopWorker(lease.worker_id))
+        for actor_id, shape in self.actor_shapes.items():
+            if any(name.endswith(ours) for name in shape):
+                self.actor_shapes[actor_id] = {}
+                commands.append(StopActor(actor_id))
+        self.total_changes += 1
+        return [*commands, *self.dispatch()]
 
     # -- dispatch ----------------------------------------------------------------------------
 

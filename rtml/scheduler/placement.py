@@ -85,11 +85,15 @@ class GlobalScheduler:
         self.nodes[node.node_id] = node
         return self.retry_pending()
 
-    def heartbeat(self, node_id: bytes, available: Shape, now: float) -> list[Decision]:
+    def heartbeat(self, node_id: bytes, available: Shape, now: float,
+                  total: Shape | None = None) -> list[Decision]:
+        """``total``: the node's resources, when they changed (placement group bundles)."""
         node = self.nodes.get(node_id)
         if node is None or not node.alive:
             return []
         node.available, node.last_heartbeat = dict(available), now
+        if total is not None:
+            node.total = dict(total)
         return self.retry_pending() if self.pending else []
 
     def node_died(self, node_id: bytes) -> None:

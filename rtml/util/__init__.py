@@ -9,7 +9,20 @@
 from __future__ import annotations
 
 from rtml.api import get_node_ip_address, list_named_actors
-from rtml.util import multiprocessing, queue
+from rtml.util import multiprocessing, queue, scheduling_strategies, state
 from rtml.util.actor_pool import ActorPool
+from rtml.util.placement_group import (
+    PlacementGroup,
+    get_current_placement_group,
+    get_placement_group,
+    placement_group,
+    placement_group_table,
+    remove_placement_group,
+)
 
-__all__ = ["ActorPool", "get_node_ip_address", "list_named_actors", "multiprocessing", "queue"]
+__all__ = [
+    "ActorPool", "PlacementGroup", "get_current_placement_group", "get_node_ip_address",
+    "get_placement_group", "list_named_actors", "multiprocessing", "placement_group",
+    "placement_group_table", "queue", "remove_placement_group", "scheduling_strategies",
+    "state",
+]

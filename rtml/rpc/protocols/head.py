@@ -11,6 +11,9 @@ service.
     driver --FlushOutput--> head --FlushOutput--> every node manager
            <--OutputFlushed-- (once each node manager's OutputFlushed came back: every
                               print its workers sent before is delivered ahead of it)
+    cli    --SubmitJob / StopJob / DeleteJob--> <--JobAnswer   (job submission: the head
+           --ListJobs--> <--JobList                             runs the entrypoint)
+           --GetJobLogs(follow)--> <--JobLogs ... JobLogs(end)
 """
 
 from __future__ import annotations
@@ -88,6 +91,7 @@ class NodeHeartbeat(Msg, tag=51):
     node_id: bytes
     available: dict[str, float]
     pending_shapes: list[dict[str, float]] = []
+    total: dict[str, float] | None = None  # when it changed (placement group bundles)
 
 
 class RegisterJob(Msg, tag=52):
@@ -203,6 +207,59 @@ class ActorExiting(Msg, tag=80):
     actor_id: bytes
 
 
+class CreatePlacementGroup(Msg, tag=81):
+    pg_id: bytes
+    bundles: list[dict[str, float]]
+    strategy: str
+    name: str = ""
+    namespace: str = ""
+    job_id: bytes = b""
+    detached: bool = False
+
+
+class RemovePlacementGroup(Msg, tag=82):
+    pg_id: bytes
+
+
+class GetPlacementGroup(Msg, tag=83):
+    req_id: int
+    pg_id: bytes = b""  # b"": by name, in namespace (or job_id's)
+    name: str = ""
+    namespace: str = ""
+    job_id: bytes = b""
+
+
+class PlacementGroupInfo(Msg, tag=84):
+    req_id: int
+    pg_id: bytes
+    state: str  # PENDING | CREATED | REMOVED | MISSING
+    bundles: list[dict[str, float]] = []
+    strategy: str = ""
+    name: str = ""
+    nodes: list[bytes] = []  # of each bundle, once created
+
+
+class PrepareBundles(Msg, tag=85):
+    """Head to node manager: take these bundles from the pool (if they fit now)."""
+
+    pg_id: bytes
+    bundles: list[tuple[int, dict[str, float]]]
+
+
+class BundlesPrepared(Msg, tag=86):
+    pg_id: bytes
+    node_id: bytes
+    ok: bool
+
+
+class CommitBundles(Msg, tag=87):
+    pg_id: bytes
+
+
+class ReleaseBundles(Msg, tag=88):
+    pg_id: bytes
+
+
 class ListNamedActors(Msg, tag=78):
     req_id: int
     namespace: str = ""  # "": job_id's (asked from a task or an actor)
@@ -215,11 +272,89 @@ class NamedActors(Msg, tag=79):
     names: list[tuple[str, str]]  # (namespace, name) of each live named actor
 
 
+class JobRecord(msgspec.Struct, array_like=True, gc=False):
+    """One submitted job (``rtml job``, ``JobSubmissionClient``) as the head records it."""
+
+    submission_id: str
+    entrypoint: str
+    status: str  # PENDING | RUNNING | STOPPED | SUCCEEDED | FAILED (rtml.job_submission)
+    message: str
+    start_time: int  # ms since the epoch, as Ray's
+    end_time: int = 0  # 0: not ended
+    metadata: dict[str, str] = {}
+    runtime_env_json: str = ""
+    entrypoint_num_cpus: float = 0.0
+    exit_code: int | None = None
+    pid: int = 0  # of its entrypoint, while it runs
+
+
+class SubmitJob(Msg, tag=90):
+    """Run ``entrypoint`` (a shell command) on the head's node; answered with JobAnswer."""
+
+    req_id: int
+    submission_id: str  # "": the head names it
+    entrypoint: str
+    working_dir: bytes = b""  # a zip of the directory it runs in (rtml.job_submission)
+    runtime_env_json: str = ""
+    metadata: dict[str, str] = {}
+    entrypoint_num_cpus: float = 0.0
+
+
+class StopJob(Msg, tag=91):
+    """SIGTERM the job's process group, SIGKILL after a grace period; JobAnswer(ok: it
+    was running)."""
+
+    req_id: int
+    submission_id: str
+
+
+class DeleteJob(Msg, tag=92):
+    """Forget an ended job, its record, log and working dir; JobAnswer."""
+
+    req_id: int
+    submission_id: str
+
+
+class JobAnswer(Msg, tag=93):
+    req_id: int
+    ok: bool
+    submission_id: str = ""
+    error: str = ""  # the request was refused (no such job, a bad submission...)
+
+
+class ListJobs(Msg, tag=94):
+    req_id: int
+    submission_id: str = ""  # "": every job
+
+
+class JobList(Msg, tag=95):
+    req_id: int
+    jobs: list[JobRecord]
+    error: str = ""
+
+
+class GetJobLogs(Msg, tag=96):
+    """A job's log, in JobLogs chunks; with ``follow``, then what it prints until it ends."""
+
+    req_id: int
+    submission_id: str
+    follow: bool = False
+
+
+class JobLogs(Msg, tag=97):
+    req_id: int
+    data: bytes
+    end: bool = False  # the last chunk: the log is complete (the job ended, or no follow)
+    error: str = ""
+
+
 Message = (
     RegisterNode | NodeTransferReady | NodeTable | NodeDied | SpillLease | LeasePlaced |
     NodeHeartbeat | RegisterJob | CreateActor | GetActorInfo | ActorInfo | KillActor |
     StartActor | ActorStarted | ActorWorkerDied | KillActorWorker | GetClusterInfo |
     ClusterInfo | Shutdown | FlushOutput | OutputFlushed | ListNamedActors | NamedActors |
-    ActorExiting
+    ActorExiting | CreatePlacementGroup | RemovePlacementGroup | GetPlacementGroup |
+    PlacementGroupInfo | PrepareBundles | BundlesPrepared | CommitBundles | ReleaseBundles |
+    SubmitJob | StopJob | DeleteJob | JobAnswer | ListJobs | JobList | GetJobLogs | JobLogs
 )
 """Every message of this protocol."""
