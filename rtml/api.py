@@ -19,6 +19,7 @@ from typing import Any
 from rtml import cluster
 from rtml.config import NodeConfig, default_object_store_memory
 from rtml.core import context
+from rtml.core import runtime_env as envs
 from rtml.core.actors import ActorClass, ActorHandle, handle_of
 from rtml.core.generators import ObjectRefGenerator
 from rtml.core.object_ref import ObjectRef
@@ -72,9 +73,14 @@ def init(address: str | None = None, *, num_cpus: float | None = None,
          num_gpus: float | None = None, resources: dict[str, float] | None = None,
          object_store_memory: int | None = None, namespace: str | None = None,
          log_to_driver: bool = True, token: str | None = None,
-         ignore_reinit_error: bool = False, _prestart_workers: int = -1,
-         _node_id: str = "", _node_timeout_s: float | None = None) -> InitContext:
+         ignore_reinit_error: bool = False, runtime_env: dict[str, Any] | None = None,
+         _prestart_workers: int = -1, _node_id: str = "",
+         _node_timeout_s: float | None = None) -> InitContext:
     """Connect to a cluster, starting an embedded one when no address is given.
+
+    ``runtime_env``: the job's runtime environment (``rtml.core.runtime_env``), under
+    every task's and actor's own; checked and packaged before anything starts (raises
+    TypeError or ValueError), uploaded once connected.
 
     ``_node_timeout_s`` (embedded clusters): seconds without a heartbeat before the head
     declares a node dead, and that a head that restarted waits for what was connected.
@@ -93,6 +99,7 @@ def init(address: str | None = None, *, num_cpus: float | None = None,
                 return _context
             raise RuntimeError("rtml.init() was already called; call rtml.shutdown() first "
                                "or pass ignore_reinit_error=True")
+        job_env = envs.prepare(envs.check(runtime_env))  # before anything is started
         address = address or os.environ.get("RTML_ADDRESS") or None  # (set but empty: none)
         if address is None:
             _check_node_resources(num_cpus, num_gpus, resources)
@@ -112,6 +119,8 @@ def init(address: str | None = None, *, num_cpus: float | None = None,
         # named actors are found (and no other job's are).
         rt = _connect(session, head_address, nm_address, token,
                       namespace or f"anonymous-{uuid.uuid4()}", bool(log_to_driver))
+        if job_env.env:
+            _use_job_env(rt, job_env)
         context.set_runtime(rt)
         _defer_ctrl_c(rt)
         _context = InitContext({"address": head_address, "gcs_address": head_address,
@@ -119,6 +128,18 @@ def init(address: str | None = None, *, num_cpus: float | None = None,
                                 "node_ip_address": rt.node_ip,
                                 "session_dir": str(session.root)})
         return _context
+
+
+def _use_job_env(rt: ClientRuntime, job_env: envs.Prepared) -> None:
+    """Upload the job's runtime env's packages; its tasks and actors inherit it. Raises
+    RtmlSystemError (what init started is stopped)."""
+    try:
+        envs.upload(rt.plane, job_env)
+    except BaseException:
+        rt.close()
+        _stop_embedded()
+        raise
+    rt.runtime_env = envs.dumps(job_env.env)
 
 
 def _defer_ctrl_c(rt: ClientRuntime) -> None:

@@ -145,6 +145,7 @@ class WorkerConfig:
     head_address: str
     node_ip: str  # where it listens for owners on other nodes
     worker_id: bytes
+    runtime_env: str = ""  # the env it is started for (rtml.worker.runtime_env); "" none
 
     def to_json(self) -> str:
         """The config without its token (which travels in ``TOKEN_ENV``)."""

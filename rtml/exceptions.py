@@ -156,6 +156,13 @@ class TaskCancelledError(RtmlError):
     """The task was cancelled with ``rtml.cancel``; cancelled tasks are never retried."""
 
 
+class RuntimeEnvSetupError(RtmlError):
+    """A task's or actor's ``runtime_env`` could not be set up on its node (a pip install
+    failed, a package could not be fetched or unpacked), as Ray's. The message says which
+    part failed, on which node, and how to fix it; the task is not retried (an actor's
+    creation fails, and its calls raise ActorDiedError with this message)."""
+
+
 class ActorExit(BaseException):
     """Raised by ``rtml.actor.exit_actor()`` inside an actor to end it: not an error. The
     actor's process runs its atexit handlers and exits; it is not restarted, and its
@@ -174,6 +181,6 @@ class ProtocolError(RtmlError):
 __all__ = [
     "ActorDiedError", "ActorError", "GetTimeoutError", "NodeDiedError", "ObjectLostError",
     "ObjectStoreFullError", "OutOfDiskError", "OwnerDiedError", "ProtocolError", "RtmlError",
-    "RtmlSystemError", "TaskCancelledError", "TaskError",
+    "RtmlSystemError", "RuntimeEnvSetupError", "TaskCancelledError", "TaskError",
     "WorkerCrashedError",
 ]

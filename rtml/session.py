@@ -11,6 +11,8 @@
         logs/                 one log file per process
         spill/                objects spilled from shared memory
         redis/                Redis data and append-only file (head only)
+        runtime_resources/    runtime_env caches: packages/<hash>/ unpacked, pip/<hash>/
+                              virtualenvs (``rtml.worker.runtime_env``)
 
 A session directory is trusted with the token, its sockets are where the token is sent,
 and ``rtml stop`` signals the pids it lists, so it is used only if nobody else can have

@@ -10,6 +10,7 @@
                                  |
     rtml stop  -----------------+  SIGTERM the recorded pids, SIGKILL after 5 s
     rtml status / list / timeline -> ControlPlane(redis host, port, token) -> Redis
+    rtml job submit / status / logs / stop / list -> the head (authenticated; rtml.cli.job)
 
 Every ``rtml start`` records what it started in its session directory
 (``--session-dir``, else ``RTML_SESSION_DIR``, else ``/tmp/rtml-<uid>/session_latest``);
@@ -18,8 +19,8 @@ session so they outlive this command. A user mistake prints one line naming the
 fix and exits 1.
 
 This module is the parser and the dispatch; the commands live in
-:mod:`rtml.cli.start` (start, stop) and :mod:`rtml.cli.state` (status, list,
-timeline).
+:mod:`rtml.cli.start` (start, stop), :mod:`rtml.cli.state` (status, list,
+timeline) and :mod:`rtml.cli.job` (job submission).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rtml.cli.job import add_job_commands
 from rtml.cli.options import CliError, add_session_dir
 from rtml.cli.start import cmd_start, cmd_stop
 from rtml.cli.state import TABLES, cmd_list, cmd_status, cmd_timeline
@@ -70,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     status = _command(sub, "status", cmd_status, "nodes, resources, pending demand, actors")
     add_session_dir(status)
     _add_list(sub)
+    add_job_commands(sub)
     timeline = _command(sub, "timeline", cmd_timeline, "write a Chrome trace of the tasks")
     timeline.add_argument("-o", "--output", default="timeline.json", help="file to write")
     add_session_dir(timeline)

@@ -6,7 +6,12 @@ Layout, for the default cluster namespace ``rtml``::
     rtml:nodes                  set     node ids (hex)
     rtml:job:<job_hex>          hash    one job
     rtml:jobs                   set     job ids (hex)
+    rtml:submission:<id>        hash    one submitted job (``rtml job submit``): its
+                                        entrypoint, status, times, exit code
+    rtml:submissions            set     submission ids
     rtml:function:<fid_hex>     string  pickled function, written once (SET NX)
+    rtml:package:<sha256_hex>   string  a runtime_env package (a zip of a working_dir or
+                                        py_module, named by its files' hash), written once
     rtml:tasks                  hash    task records: <batch id> -> a batch of them
     rtml:task_batches           zset    <batch id><its record count, 4 bytes> by the time
                                         written: what trimming removes, oldest first
@@ -42,6 +47,7 @@ class Keys:
         self._prefix = p
         self.nodes = p + "nodes"
         self.jobs = p + "jobs"
+        self.submissions = p + "submissions"
         self.tasks = p + "tasks"
         self.task_batches = p + "task_batches"
         self.objects = p + "objects"
@@ -60,9 +66,17 @@ class Keys:
         """Hash of one job."""
         return f"{self._prefix}job:{job_hex}"
 
+    def submission(self, submission_id: str) -> str:
+        """Hash of one submitted job (its id: letters, digits, '_', '.', '-')."""
+        return f"{self._prefix}submission:{submission_id}"
+
     def function(self, fid_hex: str) -> str:
         """String holding one exported (pickled) function."""
         return f"{self._prefix}function:{fid_hex}"
+
+    def package(self, digest_hex: str) -> str:
+        """String holding one runtime_env package (``rtml.core.runtime_env``)."""
+        return f"{self._prefix}package:{digest_hex}"
 
     def object(self, oid_hex: str) -> str:
         """Hash of one object's metadata."""

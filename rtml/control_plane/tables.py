@@ -44,9 +44,9 @@ from rtml.control_plane.resp import (
 )
 from rtml.exceptions import RtmlSystemError
 
-COMMANDS = ("PING", "INFO", "GET", "SET", "DEL", "HSET", "HDEL", "HGETALL", "HSCAN", "SADD",
-            "SREM", "SMEMBERS", "SSCAN", "ZADD", "ZREM", "ZRANGE", "XADD", "XRANGE", "MULTI",
-            "EXEC", "EVALSHA", "EVAL")
+COMMANDS = ("PING", "INFO", "GET", "SET", "DEL", "EXISTS", "HSET", "HDEL", "HGETALL", "HSCAN",
+            "SADD", "SREM", "SMEMBERS", "SSCAN", "ZADD", "ZREM", "ZRANGE", "XADD", "XRANGE",
+            "MULTI", "EXEC", "EVALSHA", "EVAL")
 """Every command this module sends (those of ``_DELETE_IF_EQUAL`` too): all that rtml's
 user may run on rtml's own Redis."""
 EVENTS_MAXLEN = 100_000
@@ -338,6 +338,28 @@ class ControlPlane:
                 for hex_id, record in self._hashes(self.keys.job, self._members(self.keys.jobs))]
         return sorted(jobs, key=lambda j: (j["StartTime"] or 0.0, j["JobID"]))
 
+    # -- submitted jobs (rtml job submit) --------------------------------------------
+
+    @_redis_errors
+    def put_submission(self, submission_id: str, info: dict[str, Any]) -> None:
+        """Create or merge into a submitted job's record."""
+        self._transaction([_hset(self.keys.submission(submission_id),
+                                 {**info, "submission_id": submission_id}),
+                           ("SADD", self.keys.submissions, submission_id)])
+
+    @_redis_errors
+    def list_submissions(self) -> list[dict[str, Any]]:
+        """Every submitted job's record, values as stored, oldest first."""
+        records = [record for _, record in self._hashes(
+            self.keys.submission, self._members(self.keys.submissions))]
+        return sorted(records, key=lambda r: (r.get("start_time", 0), r["submission_id"]))
+
+    @_redis_errors
+    def delete_submission(self, submission_id: str) -> None:
+        """Forget a submitted job."""
+        self._transaction([("DEL", self.keys.submission(submission_id)),
+                           ("SREM", self.keys.submissions, submission_id)])
+
     # -- functions ----------------------------------------------------------------
 
     @_redis_errors
@@ -349,6 +371,25 @@ class ControlPlane:
     def fetch_function(self, function_id: bytes) -> bytes | None:
         """The pickled function exported under ``function_id``, or None."""
         reply: bytes | None = self._client.execute("GET", self.keys.function(function_id.hex()))
+        return reply
+
+    # -- runtime_env packages -----------------------------------------------------
+
+    @_redis_errors
+    def has_package(self, digest_hex: str) -> bool:
+        """Whether a runtime_env package of that hash is stored (checked before one is
+        zipped and sent)."""
+        return bool(self._client.execute("EXISTS", self.keys.package(digest_hex)))
+
+    @_redis_errors
+    def put_package(self, digest_hex: str, data: bytes) -> None:
+        """Store a runtime_env package once; a later put of the same hash is a no-op."""
+        self._client.execute("SET", self.keys.package(digest_hex), data, "NX")
+
+    @_redis_errors
+    def fetch_package(self, digest_hex: str) -> bytes | None:
+        """The package stored under ``digest_hex`` (a zip), or None."""
+        reply: bytes | None = self._client.execute("GET", self.keys.package(digest_hex))
         return reply
 
     # -- tasks --------------------------------------------------------------------

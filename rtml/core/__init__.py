@@ -3,11 +3,12 @@ submit tasks, call actors, and own, borrow and read objects.
 
 Its face: ``runtime`` (``ClientRuntime``, ``ClientConfig``), ``object_ref``,
 ``remote_function``, ``actors`` (classes, handles, callers), ``dag`` (lazy graphs of
-their calls), ``options``, ``context`` (the current runtime and task), ``serialization``
+their calls), ``options``, ``runtime_env`` (runtime environments: checked, packaged,
+uploaded), ``context`` (the current runtime and task), ``serialization``
 and ``memory_store`` (the owner's values). ``submitter``, ``owner``, ``references``,
 ``calls`` and ``arguments`` are the runtime's private parts.
 """
 
 __all__ = ["actors", "context", "generators", "dag", "memory_store", "object_ref", "options",
            "placement_groups", "remote_function", "runtime", "runtime_context",
-           "serialization"]
+           "runtime_env", "serialization"]

@@ -19,7 +19,7 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from rtml.core import context
+from rtml.core import context, runtime_env
 from rtml.core.arguments import build_args
 from rtml.core.calls import submit_call
 from rtml.core.dag import ClassMethodNode, ClassNode
@@ -109,6 +109,7 @@ class ActorClass(Exported):
         self._check.check(args, kwargs)
         rt = context.require_runtime()
         class_id = self._export(rt)
+        env = runtime_env.resolve(rt, options.get("runtime_env"))  # (before args are held)
         built = build_args(rt, args, kwargs)
         is_async = any(inspect.iscoroutinefunction(f) or inspect.isasyncgenfunction(f)
                        for _, f in _methods(self._cls))
@@ -128,7 +129,8 @@ class ActorClass(Exported):
             is_async=is_async, name=options.get("name") or "",
             namespace=options.get("namespace") or rt.config.namespace,
             detached=options.get("lifetime") == "detached", sys_paths=rt.sys_paths,
-            strategy=strategy_of(options))
+            strategy=strategy_of(options), runtime_env=env,
+            concurrency_groups=dict(options.get("concurrency_groups") or {}))
         life = None if spec.detached else rt.owner.lives.make(spec.actor_id)
         if life is not None:
             spec.life_id, spec.owner_node = life.id, rt.node_id
@@ -173,8 +175,10 @@ def _methods(cls: type) -> list[tuple[str, Any]]:
             if not name.startswith("__") or name == "__call__"]
 
 
-def _method_meta(cls: type) -> dict[str, int | str]:
-    return {name: getattr(f, "__rtml_num_returns__", default_returns(f))
+def _method_meta(cls: type) -> dict[str, dict[str, Any]]:
+    """Each method's default options: its ``@rtml.method(...)``, over its num_returns (a
+    generator's items stream)."""
+    return {name: {"num_returns": default_returns(f), **getattr(f, METHOD_DEFAULTS, {})}
             for name, f in _methods(cls)}
 
 
@@ -226,7 +230,7 @@ class ActorHandle:
     actor that is not ended by its handles (named or detached).
     """
 
-    def __init__(self, actor_id: bytes, class_name: str, methods: dict[str, int | str],
+    def __init__(self, actor_id: bytes, class_name: str, methods: dict[str, dict[str, Any]],
                  max_task_retries: int, life: ObjectRef | None = None,
                  checks: dict[str, CallCheck] | None = None) -> None:
         self._actor_id = actor_id
@@ -246,7 +250,7 @@ class ActorHandle:
         if name not in self._methods and name != TERMINATE:
             raise AttributeError(f"actor {self._class_name!r} has no method {name!r}; "
                                  f"it has {sorted(self._methods)}")
-        method = ActorMethod(self, name, {"num_returns": self._methods.get(name, 1)})
+        method = ActorMethod(self, name, dict(self._methods.get(name) or {}))
         self._bound[name] = method
         return method
 
@@ -282,6 +286,9 @@ class ActorMethod:
         self._opts = options
         self._task_name = options.get("name") or f"{source._class_name}.{name}"
         self._num_returns = returns_of(options.get("num_returns", 1))
+        self._retries: int = options.get("max_task_retries", source._max_task_retries)
+        self._retry_exceptions: Any = options.get("retry_exceptions", False)
+        self._group: str = options.get("concurrency_group") or ""
 
     def options(self, **options: Any) -> ActorMethod:
         check_options(options, METHOD_OPTIONS, f"actor method {self._name!r}")
@@ -293,8 +300,9 @@ class ActorMethod:
         return submit_call(context.require_runtime(), name=self._task_name,
                            function_id=b"", args=args, kwargs=kwargs,
                            num_returns=self._num_returns, shape={},
-                           max_retries=self._max_task_retries, retry_exceptions=False,
-                           actor_id=self._actor_id, method=self._name, keep=self._life)
+                           max_retries=self._retries, retry_exceptions=self._retry_exceptions,
+                           actor_id=self._actor_id, method=self._name, keep=self._life,
+                           group=self._group)
 
     def bind(self, *args: Any, **kwargs: Any) -> ClassMethodNode:
         """A lazy call of this actor's method (``rtml.dag``), made by each ``execute()``."""
@@ -313,8 +321,8 @@ class ActorMethod:
 def _rebuild_method(actor_id: bytes, class_name: str, max_task_retries: int, name: str,
                     options: dict[str, Any], life: ObjectRef | None = None,
                     check: CallCheck | None = None) -> ActorMethod:
-    handle = ActorHandle(actor_id, class_name, {name: options.get("num_returns", 1)},
-                         max_task_retries, life, {name: check} if check else None)
+    handle = ActorHandle(actor_id, class_name, {name: options}, max_task_retries, life,
+                         {name: check} if check else None)
     return ActorMethod(handle, name, options)
 
 
@@ -326,10 +334,20 @@ def _pin_if_untracked(life: ObjectRef | None) -> None:
         rt.owner.lives.pin(life)
 
 
-def method(num_returns: int | str = 1) -> Any:
-    """Decorator setting an actor method's default ``num_returns``."""
+METHOD_DEFAULTS = "__rtml_method_options__"
+"""Where ``@rtml.method(...)`` keeps a method's default options."""
+
+
+def method(*args: Any, **options: Any) -> Any:
+    """``@rtml.method(num_returns=..., max_task_retries=..., retry_exceptions=...,
+    concurrency_group=...)`` on an actor's method: the defaults of its calls (each call's
+    ``.options(...)`` wins), as Ray's ``@ray.method``."""
+    if args:
+        raise TypeError("use @rtml.method(num_returns=..., ...) with keyword options")
+    check_options(options, METHOD_OPTIONS, "@rtml.method")
+
     def wrap(f: Any) -> Any:
-        f.__rtml_num_returns__ = num_returns
+        setattr(f, METHOD_DEFAULTS, {**getattr(f, METHOD_DEFAULTS, {}), **options})
         return f
     return wrap
 
@@ -478,16 +496,26 @@ class ActorCaller:
         done: list[tuple[TaskRecord, m.TaskResult]] = []
         items: list[m.GeneratorItem] = []
         inflight = self.inflight
+        retried = False
         with self.rt.lock:
             for msg in msgs:
                 if type(msg) is m.GeneratorItem:  # a generator method's, still running
                     items.append(msg)
                     continue
                 record = inflight.pop(msg.task_id, None) if isinstance(msg, m.TaskResult) else None
-                if record is not None:
+                if record is None:
+                    continue
+                if record.retry_exceptions and self.rt.owner.should_retry_exception(record,
+                                                                                    msg):
+                    record.spec.attempt += 1  # (retry_exceptions: the method raised)
+                    self.queue.append(record)
+                    retried = True
+                else:
                     done.append((record, msg))
             if self.held:  # calls ended: the held ones can start
                 self._send_held()
+            if retried:
+                self.flush()
         if items:
             self.rt.owner.generated(items, self.node_id or self.rt.node_id)
         if done:
@@ -500,8 +528,8 @@ class ActorCaller:
             self.held.clear()  # in flight, so retried or failed below
             self.last_address = self.address
             retry = []
-            for record in self.inflight.values():
-                if record.spec.attempt < self.max_task_retries or self.max_task_retries < 0:
+            for record in self.inflight.values():  # each call's own max_task_retries
+                if record.spec.attempt < record.max_retries or record.max_retries < 0:
                     record.spec.attempt += 1
                     retry.append(record)
                 else:

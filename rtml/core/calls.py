@@ -26,11 +26,13 @@ def submit_call(rt: ClientRuntime, *, name: str, function_id: bytes, args: tuple
                 kwargs: dict[str, Any], num_returns: int, shape: Shape, max_retries: int,
                 retry_exceptions: Any, actor_id: bytes = b"", method: str = "",
                 key: tuple[Any, ...] = (), keep: Any = None,
-                resources: dict[str, float] | None = None) -> Any:
+                resources: dict[str, float] | None = None, group: str = "",
+                max_calls: int = 0) -> Any:
     """Submit one task or actor call; its ref (a list for several returns, None for 0).
 
     ``keep``: held until the call is answered (an actor's life: see ActorLives).
     ``resources``: what the task's ``get_assigned_resources()`` says, if not 1 CPU.
+    ``group``: an actor call's concurrency group. ``max_calls``: a task's (0: no limit).
     """
     built = build_args(rt, args, kwargs)
     keep_alive = built.keep_alive
@@ -43,7 +45,8 @@ def submit_call(rt: ClientRuntime, *, name: str, function_id: bytes, args: tuple
     spec = m.TaskSpec(task_id, job_id, name, function_id,
                       built.args, built.kwarg_names,
                       num_returns, rt.client_id, actor_id=actor_id, method=method,
-                      owner_node=rt.node_id, resources=resources)
+                      owner_node=rt.node_id, resources=resources, concurrency_group=group,
+                      max_calls=max_calls)
     record = TaskRecord(spec, shape, max_retries, retry_exceptions, keep_alive or (),
                         return_ids, has_contained=bool(built.contained), key=key,
                         parent=context.current_task())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from rtml.core import runtime_env
 from rtml.rpc.messages import STREAMING
 from rtml.scheduler.bundles import group_shape
 from rtml.scheduler.resources import Shape, bad_amount
@@ -14,11 +15,14 @@ GROUP_OPTIONS = {"placement_group", "placement_group_bundle_index",
                  "placement_group_capture_child_tasks"}
 """Ray's older way to put a task or actor in a placement group."""
 TASK_OPTIONS = {"num_cpus", "num_gpus", "memory", "resources", "num_returns", "max_retries",
-                "retry_exceptions", "name", "scheduling_strategy", *GROUP_OPTIONS}
+                "retry_exceptions", "name", "scheduling_strategy", "runtime_env",
+                "max_calls", *GROUP_OPTIONS}
 ACTOR_OPTIONS = {"num_cpus", "num_gpus", "memory", "resources", "name", "namespace",
                  "lifetime", "get_if_exists", "max_restarts", "max_task_retries",
-                 "max_concurrency", "scheduling_strategy", *GROUP_OPTIONS}
-METHOD_OPTIONS = {"num_returns", "name"}
+                 "max_concurrency", "scheduling_strategy", "runtime_env", "concurrency_groups",
+                 *GROUP_OPTIONS}
+METHOD_OPTIONS = {"num_returns", "name", "max_task_retries", "retry_exceptions",
+                  "concurrency_group"}
 
 
 class NodeAffinitySchedulingStrategy:
@@ -105,18 +109,20 @@ def check_options(options: dict[str, Any], allowed: set[str], what: str) -> dict
     retries = options.get("max_retries")
     if retries is not None and (not isinstance(retries, int) or retries < -1):
         raise ValueError(f"max_retries must be an int >= -1 (-1: forever), got {retries!r}")
-    given_name = options.get("name")
-    if given_name is not None and not isinstance(given_name, str):
-        raise TypeError(f"name must be a str, got {given_name!r}")
+    for text in ("name", "concurrency_group"):
+        given = options.get(text)
+        if given is not None and not isinstance(given, str):
+            raise TypeError(f"{text} must be a str, got {given!r}")
     _check_resources(options.get("resources"))
     for name, least in (("max_restarts", -1), ("max_task_retries", -1),
-                        ("max_concurrency", 1)):
+                        ("max_concurrency", 1), ("max_calls", 0)):
         value = options.get(name)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)
                                   or value < least):
             raise ValueError(f"{name} must be an int >= {least}"
                              f"{' (-1: forever)' if least < 0 else ''}, got {value!r}")
     _check_retry_exceptions(options.get("retry_exceptions"))
+    _check_concurrency_groups(options.get("concurrency_groups"))
     namespace = options.get("namespace")
     if namespace is not None:
         check_namespace(namespace)
@@ -136,6 +142,7 @@ def check_options(options: dict[str, Any], allowed: set[str], what: str) -> dict
     lifetime = options.get("lifetime")
     if lifetime not in (None, "detached", "non_detached"):
         raise ValueError(f"lifetime must be 'detached' or None, got {lifetime!r}")
+    runtime_env.check(options.get("runtime_env"))
     return options
 
 
@@ -173,6 +180,16 @@ def _check_resources(resources: Any) -> None:
     bad = bad_amount(resources)
     if bad:
         raise ValueError(bad)
+
+
+def _check_concurrency_groups(groups: Any) -> None:
+    if groups is None:
+        return
+    if not isinstance(groups, dict) or not all(
+            isinstance(name, str) and name and isinstance(size, int)
+            and not isinstance(size, bool) and size >= 1 for name, size in groups.items()):
+        raise ValueError(f"concurrency_groups must be a dict of group name -> calls at once "
+                         f"(an int >= 1), e.g. {{'io': 2, 'compute': 4}}; got {groups!r}")
 
 
 def _check_retry_exceptions(retry: Any) -> None:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
-from rtml.core import context
+from rtml.core import context, runtime_env
 from rtml.core.calls import submit_call
 from rtml.core.dag import FunctionNode
 from rtml.core.options import (
@@ -23,6 +23,7 @@ from rtml.core.options import (
     strategy_of,
 )
 from rtml.core.signatures import CallCheck
+from rtml.core.submitter import with_runtime_env
 from rtml.scheduler.resources import DEFAULT_SHAPE, shape_key, task_shape
 
 if TYPE_CHECKING:
@@ -115,11 +116,13 @@ class RemoteFunction(Exported):
     def _submit(self, call: _CallOptions, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self._check.check(args, kwargs)
         rt = context.require_runtime()
+        if call.resolved_for is not rt:  # its runtime env: worked out once per runtime
+            call.resolve(rt)
         return submit_call(rt, name=call.name, function_id=self._export(rt), args=args,
                            kwargs=kwargs, num_returns=call.num_returns, shape=call.shape,
                            max_retries=call.max_retries,
-                           retry_exceptions=call.retry_exceptions, key=call.key,
-                           resources=call.assigned)
+                           retry_exceptions=call.retry_exceptions, key=call.lease_key,
+                           resources=call.assigned, max_calls=call.max_calls)
 
 
 class _CallOptions:
@@ -134,6 +137,23 @@ class _CallOptions:
             "num_gpus"), options.get("memory"), options.get("resources")))
         self.key = (*shape_key(self.shape), strategy_of(options))  # tasks sharing leases
         self.assigned = None if self.shape == DEFAULT_SHAPE else self.shape
+        # As Ray: a GPU task's worker exits after it by default, so what the task's
+        # libraries hold on the GPU is freed.
+        self.max_calls = options.get("max_calls", 1 if options.get("num_gpus") else 0)
+        self.given_env = options.get("runtime_env")  # as given (checked)
+        self.lease_key = self.key  # the key with the runtime env (``resolve``)
+        self.resolved_for: Any = None  # the runtime ``lease_key`` was worked out under
+
+    def resolve(self, rt: ClientRuntime) -> None:
+        """Work out the calls' runtime env under ``rt`` (merged with the job's, its
+        packages uploaded): tasks of another env lease other workers. Raises ValueError
+        or TypeError (a bad env), RtmlSystemError."""
+        env = runtime_env.resolve(rt, self.given_env)
+        self.lease_key = with_runtime_env(self.key, env)
+        self.resolved_for = rt
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "resolved_for": None}  # resolved again where unpickled
 
 
 class _Bound:

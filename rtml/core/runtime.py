@@ -105,6 +105,7 @@ class ClientRuntime:
         self.job_id = config.job_id
         self.session_dir = config.session_dir
         self.sys_paths = list(config.sys_paths)
+        self.runtime_env = ""  # the env its calls inherit: its job's, or a worker's own
         self.lock = threading.RLock()
         self.store = MemoryStore()
         self.submitter = TaskSubmitter(self)

@@ -45,6 +45,20 @@ LONG_TASK_SECONDS = 0.05
 MAX_LEASE_REQUESTS = 8
 
 
+RUNTIME_ENV = "runtime_env"
+"""First item of the lease key of calls with a runtime env; its second is the env."""
+
+
+def with_runtime_env(key: tuple[Any, ...], env: str) -> tuple[Any, ...]:
+    """The lease key of calls of ``key`` in runtime env ``env`` (wire form, "" none): their
+    queue asks for workers of that env. Worked out once per call options, not per call."""
+    return (RUNTIME_ENV, env, *key) if env else key
+
+
+def runtime_env_of(key: tuple[Any, ...]) -> str:
+    return key[1] if key and key[0] == RUNTIME_ENV else ""
+
+
 @dataclass(eq=False, slots=True)  # compared by identity (queues remove them by it)
 class TaskRecord:
     spec: m.TaskSpec
@@ -78,6 +92,7 @@ class LeasedWorker:
     idle_since: float = 0.0
     timer_armed: bool = False
     functions_sent: set[bytes] = field(default_factory=set)  # answers to FunctionWanted
+    retiring: bool = False  # it said it exits (max_calls): nothing in flight had started
 
 
 class RunTimes:
@@ -106,6 +121,7 @@ class ShapeQueue:
     shape: Shape
     strategy: str = ""
     preferred_node: bytes = b""
+    runtime_env: str = ""  # its tasks' (rtml.core.runtime_env): leased from workers of it
     tasks: deque[TaskRecord] = field(default_factory=deque)
     workers: list[LeasedWorker] = field(default_factory=list)
     lease_requests: set[int] = field(default_factory=set)
@@ -140,7 +156,8 @@ class TaskSubmitter:
             key = (*key, preferred)
         queue = self.queues.get(key)
         if queue is None:
-            queue = self.queues[key] = ShapeQueue(record.shape, strategy, preferred)
+            queue = self.queues[key] = ShapeQueue(record.shape, strategy, preferred,
+                                                  runtime_env_of(record.key))
         tasks = queue.tasks
         tasks.append(record)
         # Outside a pump, tasks wait only while no worker has room, and a full set of lease
@@ -179,7 +196,7 @@ class TaskSubmitter:
         queue.lease_requests.add(req_id)
         self._lease_keys[req_id] = (key, nm, node_id)
         nm.send(m.RequestLease(req_id, queue.shape, queue.strategy, queue.preferred_node,
-                               spilled))
+                               spilled, queue.runtime_env))
 
     def _args_node(self, spec: m.TaskSpec) -> bytes:
         """Another node holding one of the task's large arguments, if any (locality)."""
@@ -303,6 +320,10 @@ class TaskSubmitter:
                     continue
                 record = inflight.pop(msg.task_id, None)
                 if record is None:
+                    if type(msg) is m.WorkerRetiring:  # it exits: push it nothing more
+                        worker.retiring = True
+                        if worker in queue.workers:
+                            queue.workers.remove(worker)
                     continue
                 matched += 1
                 worker.solo -= record.solo
@@ -325,11 +346,11 @@ class TaskSubmitter:
                 queue.tasks.extendleft(reversed(wanted))  # ahead of the rest, in their order
             # One task per lease under SPREAD, so that each is placed on its own; but a
             # worker that asked for a function keeps its lease for the task it asked for.
-            spread = queue.strategy == SPREAD and not wanted
+            spread = queue.strategy == SPREAD and not wanted and not worker.retiring
             if spread:
                 queue.workers.remove(worker)
             self._pump(worker.key, queue)
-            if not spread and not inflight and not queue.tasks:
+            if not spread and not worker.retiring and not inflight and not queue.tasks:
                 self._arm_idle(worker)
         if spread:
             self._retire(worker)
@@ -398,7 +419,9 @@ class TaskSubmitter:
             if worker in queue.workers:
                 queue.workers.remove(worker)
             again: list[TaskRecord] = []
-            running = True  # the worker runs its tasks in order: the first was running
+            # The worker runs its tasks in order: the first was running (unless it retired
+            # after a result: then none was).
+            running = not worker.retiring
             for record in worker.inflight.values():
                 if record.cancelled:
                     failed.append((record, TaskCancelledError(

@@ -4,7 +4,8 @@
         HeadService.recover(): what an earlier head recorded in the control plane (a head
                                restarted by its supervisor takes over from there)
         HeadService serves node managers and drivers on that socket
-        one task group: the liveness watch (nodes silent for node_timeout s die)
+        one task group: the liveness watch (nodes silent for node_timeout s die), the
+                        submitted jobs' runner (rtml.head.job_runner)
         --"ok host:port"--> readiness pipe
     SIGTERM / SIGINT --> stopped: every node manager is told to shut down, writes finish
 """
@@ -50,7 +51,8 @@ async def serve(cfg: HeadConfig, ready: ReadyPipe) -> None:
     log.info("head service pid %d serving on %s:%d", os.getpid(), cfg.host, port)
     ready.report(f"ok {cfg.host}:{port}")
     try:
-        await run_until_stopped(head.stopped, _watch_liveness(head), _trim_tasks(head))
+        await run_until_stopped(head.stopped, _watch_liveness(head), _trim_tasks(head),
+                                head.submissions.run(f"{cfg.host}:{port}"))
     finally:
         for node in head.nodes.values():
             if node.alive:

@@ -10,6 +10,8 @@
     driver --FlushOutput--> every node manager --> OutputFlushed to the driver once all did
     driver disconnects --> its job ends; its non-detached actors are killed; its tasks
                            still PENDING are recorded FAILED (at job end only)
+    cli --SubmitJob / StopJob / ListJobs / GetJobLogs--> JobRunner (rtml.head.job_runner):
+                           submitted jobs' entrypoints run as the head's child processes
 
 A head that restarted (its supervisor starts it again on the same listening socket)
 first rebuilds what its predecessor knew from the control plane (``recover``): the nodes
@@ -46,6 +48,7 @@ from rtml.config import HEARTBEAT_INTERVAL, HeadConfig
 from rtml.control_plane import BatchedWriter, ControlPlane, RedisAddress, tls_from_text
 from rtml.head import actors as ad
 from rtml.head import placement_groups as pgs
+from rtml.head.job_runner import JobRunner
 from rtml.head.writes import PlaneWrites
 from rtml.rpc import messages as m
 from rtml.rpc.server import Peer, Service
@@ -92,6 +95,7 @@ class HeadService(Service):
         self.actors = ad.ActorDirectory(self._actor_node, self._node_alive)
         self.groups = pgs.PlacementGroups()
         self.jobs: dict[bytes, Peer] = {}
+        self.submissions = JobRunner(cfg.session_dir, cfg.token, self.plane, self.writes)
         self.namespaces: dict[bytes, str] = {}  # every job's, also once it ended
         self.output_fences: dict[int, tuple[Peer, int, set[bytes]]] = {}  # see _flush_output
         self._fence_ids = 0
@@ -119,6 +123,7 @@ class HeadService(Service):
             self.namespaces[job_id] = job.get("namespace", "")
             if not job["IsDead"]:
                 self.expected_jobs.add(job_id)
+        self.submissions.recover()  # (not waited for: its jobs ended with that head)
         records = self.plane.actor_records()
         for record in records:
             if "spec" in record:
@@ -157,6 +162,7 @@ class HeadService(Service):
                 del self.jobs[job_id]
                 self._job_ended(job_id, "its driver exited")
         self._carry_out(self.actors.owner_gone(peer))
+        self.submissions.peer_gone(peer)
 
     def _job_ended(self, job_id: bytes, why: str) -> None:
         self.writes.write(self.plane.finish_job, job_id)
@@ -500,6 +506,10 @@ class HeadService(Service):
             "detached": spec.detached, "max_restarts": spec.max_restarts,
             "tcp_address": record.tcp_address, "spec": msgspec.msgpack.encode(spec)})
 
+    def _job_request(self, peer: Peer, msg: Any) -> None:
+        """Job submission (``rtml job``): the runner answers (rtml.head.job_runner)."""
+        self.submissions.on_message(peer, msg)
+
     _handlers: dict[type, Any] = {
         m.RegisterNode: _register_node, m.NodeHeartbeat: _heartbeat,
         m.RegisterJob: _register_job, m.GetClusterInfo: _cluster_info,
@@ -509,6 +519,8 @@ class HeadService(Service):
         m.SpillLease: _spill_lease, m.WorkerOutput: _output,
         m.CancelLeaseRequest: _spill_withdrawn, m.FlushOutput: _flush_output,
         m.OutputFlushed: _output_flushed, m.ListNamedActors: _named_actors,
+        m.SubmitJob: _job_request, m.StopJob: _job_request, m.DeleteJob: _job_request,
+        m.ListJobs: _job_request, m.GetJobLogs: _job_request,
         m.ActorExiting: _actor_exiting, m.CreatePlacementGroup: _create_group,
         m.RemovePlacementGroup: _remove_group, m.GetPlacementGroup: _get_group,
         m.BundlesPrepared: _bundles_prepared,

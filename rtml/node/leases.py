@@ -137,7 +137,7 @@ class LeaseRouter:
         if not self.sched.feasible(msg.shape):
             commands.append(Reply(client, m.LeaseInfeasible(msg.req_id, msg.shape)))
         return commands + self.sched.request_lease(client, msg.req_id, msg.shape,
-                                                   self.worker_of(client))
+                                                   self.worker_of(client), msg.runtime_env)
 
     def _spill(self, client: Any, msg: m.RequestLease, queued_here: bool) -> list[Any]:
         self._spill_ids += 1

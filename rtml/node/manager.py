@@ -309,7 +309,13 @@ class NodeManager(Service):
                                     self.actor_gpus.get(worker.actor_id, ()),
                                     self.actor_restarts.pop(worker.actor_id, 0)))
         else:
-            self._run(self.sched.worker_ready(worker.worker_id))
+            self._run(self.sched.worker_ready(worker.worker_id, worker.runtime_env))
+
+    def _retiring(self, peer: Peer, client: Client, msg: m.WorkerRetiring) -> None:
+        """A worker exits after this (max_calls): out of the pool now, so no lease goes
+        to it meanwhile."""
+        if client.worker is not None:
+            self._worker_gone(client.worker, "it ran a function max_calls times")
 
     def _output(self, peer: Peer, client: Client, msg: m.WorkerOutput) -> None:
         self.head.send(msg)  # the head forwards it to the job's driver, on whatever node
@@ -373,6 +379,7 @@ class NodeManager(Service):
         m.RequestLease: _request_lease, m.ReturnLease: _return_lease,
         m.CancelLeaseRequest: _cancel_lease_request, m.WorkerBlocked: _blocked,
         m.WorkerUnblocked: _blocked, m.WorkerListening: _listening,
+        m.WorkerRetiring: _retiring,
         m.ActorReady: _actor_ready, m.CreateObject: _create, m.SealObject: _seal,
         m.AddHolds: _add_holds,
         m.ReleaseHolds: _release_holds, m.ReleaseHolder: _release_holder,
@@ -399,7 +406,7 @@ class NodeManager(Service):
             elif isinstance(command, ToHead):
                 self.head.send(command.msg)
             elif isinstance(command, StartWorker):
-                self._spawn(b"")
+                self._spawn(b"", command.runtime_env)
             elif isinstance(command, StartActor):
                 self.actor_gpus[command.actor_id] = command.gpu_ids
                 self._spawn(command.actor_id)
@@ -408,11 +415,17 @@ class NodeManager(Service):
             elif isinstance(command, StopActor):
                 self._kill_actor(command.actor_id)
 
-    def _spawn(self, actor_id: bytes) -> None:
-        worker = WorkerProc(random_id(), actor_id)
+    def _spawn(self, actor_id: bytes, runtime_env: str = "") -> None:
+        """Start a worker: for the actor ``actor_id`` (in its spec's runtime env), or for
+        leases (of ``runtime_env``, if one)."""
+        if actor_id:
+            spec = self.actor_specs.get(actor_id)
+            runtime_env = spec.runtime_env if spec is not None else ""
+        worker = WorkerProc(random_id(), actor_id, runtime_env=runtime_env)
         self.workers[worker.worker_id] = worker
         config = WorkerConfig(str(self.session.root), self.token, f"unix:{self.unix_path}",
-                              self.cfg.head_address, self.cfg.node_ip, worker.worker_id)
+                              self.cfg.head_address, self.cfg.node_ip, worker.worker_id,
+                              runtime_env)
         log_path = str(self.session.log_file(f"worker-{worker.worker_id.hex()[:12]}-out"))
         self.launcher.spawn(worker, config, log_path)
 
@@ -431,9 +444,11 @@ class NodeManager(Service):
             self._run(self.sched.actor_gone(worker.actor_id))
             self.head.send(m.ActorWorkerDied(worker.actor_id, reason))
             return
-        self._run(self.sched.worker_died(worker.worker_id, was_starting=not worker.address))
+        self._run(self.sched.worker_died(worker.worker_id, was_starting=not worker.address,
+                                         runtime_env=worker.runtime_env))
         if not self.stopped.is_set():  # (the scheduler counts those still starting)
-            live = sum(1 for w in self.workers.values() if not w.actor_id and w.address)
+            live = sum(1 for w in self.workers.values()
+                       if not w.actor_id and not w.runtime_env and w.address)
             self._run(self.sched.ensure_pool(live))
 
     def _kill_actor(self, actor_id: bytes) -> None:

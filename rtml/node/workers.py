@@ -43,6 +43,7 @@ class WorkerProc:
     gone: bool = False
     pidfd: int = -1  # open while the process is known to be alive
     doomed: bool = False  # killed before its fork was reported: killed once it is
+    runtime_env: str = ""  # the env it was started for (a pool worker's: "")
 
     def kill(self) -> None:
         """SIGKILL the worker through its pidfd: never a process that reused its pid."""

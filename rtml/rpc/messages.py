@@ -121,6 +121,7 @@ from rtml.rpc.protocols.task import (
     PushFunction,
     PushTask,
     TaskResult,
+    WorkerRetiring,
 )
 
 __all__ = [
@@ -190,7 +191,7 @@ __all__ = [
     "StoreStats",
     "StoreStatsReply",
     "TaskArg",
-    "TaskResult",
+    "TaskResult", "WorkerRetiring",
     "TaskSpec",
     "WaitObject",
     "WorkerBlocked",

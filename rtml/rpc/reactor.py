@@ -120,6 +120,19 @@ class Connection:
             if self._out:
                 self.reactor.call_soon(self.reactor._want_write, self)
 
+    def drain_blocking(self, timeout: float) -> None:
+        """Write what is queued, blocking up to ``timeout`` s: the process is about to
+        exit, and the reactor will not finish it."""
+        with self._lock:
+            if self.closed or not self._out:
+                return
+            try:
+                self.sock.settimeout(timeout)
+                self.sock.sendall(self._out)
+                self._out.clear()
+            except OSError as exc:
+                log.info("could not send the last %d bytes: %s", len(self._out), exc)
+
     def send_soon(self, msg: m.Msg) -> None:
         """Queue ``msg`` for the reactor to write with whatever else is queued.
 

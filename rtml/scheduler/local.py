@@ -15,6 +15,10 @@ returns (grant a lease, start a worker process, report infeasible demand).
 A worker that ran a GPU lease only takes GPU leases from then on, and one that ran a
 CPU-only lease only CPU-only ones (as Ray): libraries read CUDA_VISIBLE_DEVICES when they
 are imported, so a GPU task must not land in a process whose imports came before it.
+
+A lease with a runtime env is granted only to a worker started for that env
+(``StartWorker(runtime_env)``), and a worker with one serves only its env's leases (see
+``rtml.worker.runtime_env``); such workers are outside the pool, and idle out.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class Grant:
 @dataclass(frozen=True)
 class StartWorker:
     actor_id: bytes = b""
+    runtime_env: str = ""  # start it set up for this env ("" a pool worker)
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,7 @@ class LeaseRequest:
     req_id: int
     shape: Shape
     requester: bytes = b""  # the worker asking (for the tasks its task submits), if one
+    runtime_env: str = ""  # granted only to a worker of this env
 
 
 @dataclass
@@ -115,6 +121,8 @@ class LocalScheduler:
     free_gpus: list[int] = field(init=False)
     actor_gpus: dict[bytes, tuple[int, ...]] = field(default_factory=dict)
     gpu_worker: dict[bytes, bool] = field(default_factory=dict)  # by its first lease's kind
+    worker_env: dict[bytes, str] = field(default_factory=dict)  # of workers with a runtime env
+    env_starting: dict[str, int] = field(default_factory=dict)  # their workers starting
     bundles: dict[str, Bundles] = field(default_factory=dict)  # by placement group (hex)
     total_changes: int = 0  # bundles committed or released: the head is sent the new total
     _ids: itertools.count = field(default_factory=lambda: itertools.count(1))
@@ -129,10 +137,11 @@ class LocalScheduler:
         return fits(shape, self.total)
 
     def request_lease(self, client: Any, req_id: int, shape: Shape,
-                      requester: bytes = b"") -> list[Any]:
+                      requester: bytes = b"", runtime_env: str = "") -> list[Any]:
         """``requester``: the worker asking, which is never granted to itself (it would
-        have to connect to itself, from the thread that serves its connections)."""
-        self.pending.append(LeaseRequest(client, req_id, shape, requester))
+        have to connect to itself, from the thread that serves its connections).
+        ``runtime_env``: granted only to a worker started for it."""
+        self.pending.append(LeaseRequest(client, req_id, shape, requester, runtime_env))
         return self.dispatch()
 
     def cancel_request(self, client: Any, req_id: int) -> bool:
@@ -142,8 +151,11 @@ class LocalScheduler:
                              if not (r.client is client and r.req_id == req_id))
         return len(self.pending) < before
 
-    def worker_ready(self, worker_id: bytes) -> list[Any]:
-        self.starting = max(0, self.starting - 1)
+    def worker_ready(self, worker_id: bytes, runtime_env: str = "") -> list[Any]:
+        """A worker (started for ``runtime_env``, if one) is ready for leases."""
+        self._started(runtime_env)
+        if runtime_env:
+            self.worker_env[worker_id] = runtime_env
         self.idle.append(worker_id)
         return self.dispatch()
 
@@ -171,13 +183,16 @@ class LocalScheduler:
         subtract(self.available, {CPU: lease.shape.get(CPU, 0.0)})
         return []
 
-    def worker_died(self, worker_id: bytes, was_starting: bool = False) -> list[Any]:
-        """A pool worker exited (``was_starting``: before it was ready): free its lease."""
+    def worker_died(self, worker_id: bytes, was_starting: bool = False,
+                    runtime_env: str = "") -> list[Any]:
+        """A pool worker (or one of ``runtime_env``) exited (``was_starting``: before it
+        was ready): free its lease."""
         if was_starting:
-            self.starting = max(0, self.starting - 1)
+            self._started(runtime_env)
         if worker_id in self.idle:
             self.idle.remove(worker_id)
         self.gpu_worker.pop(worker_id, None)
+        self.worker_env.pop(worker_id, None)
         lease = self._lease_of(worker_id)
         if lease is not None:
             del self.leases[lease.lease_id]
@@ -278,20 +293,39 @@ class LocalScheduler:
                     self.actor_gpus[actor.actor_id] = gpus
                 commands.append(StartActor(actor.actor_id, gpus))
         waiting = 0
+        env_waiting: dict[str, int] = {}  # requests waiting for a worker of their env
         room = dict(self.available)  # what is left once waiting requests get workers
         for request in list(self.pending):
             if not fits(request.shape, room):
                 continue
             subtract(room, request.shape)
-            worker_id = self._idle_worker(request.requester, request.shape.get(GPU, 0.0) > 0)
+            worker_id = self._idle_worker(request.requester, request.shape.get(GPU, 0.0) > 0,
+                                          request.runtime_env)
             if worker_id is None:
-                waiting += 1
+                if request.runtime_env:
+                    env_waiting[request.runtime_env] = env_waiting.get(
+                        request.runtime_env, 0) + 1
+                else:
+                    waiting += 1
                 continue
             self.pending.remove(request)
             commands.append(self._grant(request, worker_id))
         commands.extend(StartWorker() for _ in range(waiting - self.starting))
         self.starting = max(self.starting, waiting)
+        for env, count in env_waiting.items():
+            starting = self.env_starting.get(env, 0)
+            commands.extend(StartWorker(runtime_env=env) for _ in range(count - starting))
+            self.env_starting[env] = max(starting, count)
         return commands
+
+    def _started(self, runtime_env: str) -> None:
+        """A worker started for ``runtime_env`` ("" the pool) is ready, or died first."""
+        if not runtime_env:
+            self.starting = max(0, self.starting - 1)
+        elif self.env_starting.get(runtime_env, 0) > 1:
+            self.env_starting[runtime_env] -= 1
+        else:
+            self.env_starting.pop(runtime_env, None)
 
     def ensure_pool(self, live_workers: int) -> list[Any]:
         """Start workers until ``pool_size`` exist or are starting."""
@@ -305,29 +339,35 @@ class LocalScheduler:
         The returned workers leave the pool; the caller stops their processes.
         """
         self.idle_ticks = {w: self.idle_ticks.get(w, 0) + 1 for w in self.idle}
-        extra = len(self.idle) - self.pool_size
-        stale = [w for w in self.idle if self.idle_ticks[w] >= ticks][:max(0, extra)]
+        pool = [w for w in self.idle if w not in self.worker_env]
+        extra = len(pool) - self.pool_size
+        stale = [w for w in pool if self.idle_ticks[w] >= ticks][:max(0, extra)]
+        stale += [w for w in self.idle if w in self.worker_env and self.idle_ticks[w] >= ticks]
         for worker_id in stale:
             self.idle.remove(worker_id)
             del self.idle_ticks[worker_id]
             self.gpu_worker.pop(worker_id, None)
+            self.worker_env.pop(worker_id, None)
         return stale
 
     def pending_shapes(self) -> list[Shape]:
         return [r.shape for r in self.pending] + [a.place_shape for a in self.actors_pending]
 
-    def _idle_worker(self, requester: bytes, gpu: bool) -> bytes | None:
+    def _idle_worker(self, requester: bytes, gpu: bool, env: str = "") -> bytes | None:
         """An idle worker other than ``requester`` that has run only leases of this kind
-        (GPU or not), taken out of the idle pool; or None."""
+        (GPU or not) and was started for ``env``, taken out of the idle pool; or None."""
         idle = self.idle
         if not idle:
             return None
         first = idle[0]
-        if first != requester and self.gpu_worker.get(first, gpu) == gpu:
+        envs = self.worker_env
+        if (first != requester and self.gpu_worker.get(first, gpu) == gpu
+                and envs.get(first, "") == env):
             self.gpu_worker[first] = gpu
             return idle.popleft()
         for worker_id in idle:
-            if worker_id != requester and self.gpu_worker.get(worker_id, gpu) == gpu:
+            if (worker_id != requester and self.gpu_worker.get(worker_id, gpu) == gpu
+                    and envs.get(worker_id, "") == env):
                 idle.remove(worker_id)
                 self.gpu_worker[worker_id] = gpu
                 return worker_id

@@ -3,6 +3,7 @@
     PushTask --> Executor.push --inline (tasks, sync actors)--> execute --> TaskResult
                                  --thread pool (max_concurrency > 1)-------^
                                  --asyncio loop thread (async actors)------^
+    (an actor's concurrency groups: a thread pool, or a semaphore on the loop, each)
 
 Cancellation arrives on the runtime's I/O thread; if the task is running, a
 signal interrupts the main thread at its next bytecode (as Ctrl-C would).
@@ -37,6 +38,7 @@ from rtml.exceptions import (
     ObjectStoreFullError,
     OwnerDiedError,
     RtmlError,
+    RuntimeEnvSetupError,
     TaskCancelledError,
     TaskError,
 )
@@ -83,6 +85,7 @@ class Executor:
         self.current: bytes | None = None
         self.current_job = b""  # whose task last ran here: its drivers get our output
         self.cancelled: set[bytes] = set()
+        self.calls: dict[bytes, int] = {}  # runs by function, of those with max_calls
         context.set_cancelled(self.cancelled)  # what a task's is_canceled() reads
         self.instance: Any = None
         self.methods: dict[str, Any] = {}  # the actor's methods, bound on first call
@@ -91,16 +94,18 @@ class Executor:
         self.push = self._run_and_reply
         """Runs or dispatches a call, by the kind of worker: inline (tasks, one-at-a-time
         actors), on the thread pool (threaded actors) or on the event loop (async actors)."""
-        self.pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self.pools: dict[str, concurrent.futures.ThreadPoolExecutor] = {}  # by group ("")
         self.loop: asyncio.AbstractEventLoop | None = None
         self._inbox: list[tuple[Connection, m.TaskSpec]] = []  # calls for the loop
         self._inbox_lock = threading.Lock()
         self._inbox_posted = False  # a _start_calls is on its way to the loop
         self._running_calls: set[asyncio.Task[None]] = set()  # the loop keeps only weak refs
         self._cancellable: dict[bytes, asyncio.Task[None]] = {}  # by task id, until it ends
-        self.semaphore: asyncio.Semaphore | None = None
+        self.semaphores: dict[str, asyncio.Semaphore] = {}  # by concurrency group ("")
         self.visible_gpus: Sequence[int] | None = None  # as last set; None: not set yet
         self.pid = os.getpid()  # for every result: getpid is a syscall each time
+        self.setup_error = ""  # why this worker's runtime env could not be set up (refuse)
+        self.front = 0  # paths its runtime env put first on sys.path: owners' go behind them
         signal.signal(signal.SIGUSR1, self._on_cancel_signal)
 
     # -- dispatch ----------------------------------------------------------------------------
@@ -116,8 +121,18 @@ class Executor:
         self.loop.call_soon_threadsafe(self._start_calls)
 
     def _push_to_pool(self, conn: Connection, spec: m.TaskSpec) -> None:
-        assert self.pool is not None
-        self.pool.submit(self._run_and_reply, conn, spec)
+        pool = self.pools.get(spec.concurrency_group)
+        if pool is None:
+            conn.send(self._no_group(spec))
+            return
+        pool.submit(self._run_and_reply, conn, spec)
+
+    def _no_group(self, spec: m.TaskSpec) -> m.TaskResult:
+        groups = sorted(g for g in (self.pools or self.semaphores) if g)
+        error = ValueError(f"actor call {spec.name!r} names concurrency group "
+                           f"{spec.concurrency_group!r}, which the actor does not have; its "
+                           f"groups are {groups} (concurrency_groups= when it is created)")
+        return self._result(spec, self._exception_returns(spec, error), time.time())
 
     def _run_and_reply(self, conn: Connection, spec: m.TaskSpec) -> None:
         try:
@@ -127,6 +142,25 @@ class Executor:
             result = self._result(spec, self._plain_error_returns(spec, exc), time.time())
         self.rt.refs.settle()  # see ReferenceCounter.settle: before the owner may release
         conn.send(result)
+        if spec.max_calls and self._used_up(spec):
+            self._retire(conn)
+
+    def _used_up(self, spec: m.TaskSpec) -> bool:
+        """Whether ``spec``'s function has now run ``max_calls`` times in this worker."""
+        count = self.calls[spec.function_id] = self.calls.get(spec.function_id, 0) + 1
+        return count >= spec.max_calls
+
+    def _retire(self, conn: Connection) -> NoReturn:
+        """Exit after the last result, as Ray does at ``max_calls`` (what the function held,
+        GPU memory say, goes with the process); the owner resubmits what it pushed since."""
+        conn.send(m.WorkerRetiring())  # its owner first: its node then stops the process
+        conn.drain_blocking(5.0)
+        self.rt.nm.send(m.WorkerRetiring())  # (and leases it out no more)
+        self.rt.nm.drain_blocking(5.0)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        log.info("exiting: a function ran max_calls times")
+        os._exit(0)
 
     def _start_calls(self) -> None:
         """On the actor's event loop: start every call received since the last wake-up."""
@@ -141,9 +175,12 @@ class Executor:
             self._cancellable[spec.task_id] = task
 
     async def _run_async(self, conn: Connection, spec: m.TaskSpec) -> None:
-        assert self.semaphore is not None
+        semaphore = self.semaphores.get(spec.concurrency_group)
+        if semaphore is None:
+            conn.send(self._no_group(spec))
+            return
         try:
-            async with self.semaphore:
+            async with semaphore:
                 result = await self._call_async(spec, conn)
         except asyncio.CancelledError:  # cancelled while it waited for its turn
             self._cancellable.pop(spec.task_id, None)
@@ -180,6 +217,18 @@ class Executor:
         finally:
             self._cancellable.pop(spec.task_id, None)  # too late to cancel from here on
         return self._result(spec, returns, start)
+
+    def refuse(self, error: str) -> None:
+        """This worker's runtime env could not be set up (``error`` says why): every call
+        sent to it fails with RuntimeEnvSetupError without running, and an actor's
+        creation fails (``become_actor``); nothing runs without its env."""
+        self.setup_error = error
+        self.push = self._refuse_call
+
+    def _refuse_call(self, conn: Connection, spec: m.TaskSpec) -> None:
+        error = RuntimeEnvSetupError(f"task {spec.name!r} did not run: {self.setup_error}")
+        conn.send(self._result(spec, self._error_returns(spec, _stored_error(error)),
+                               time.time()))
 
     # -- one task ----------------------------------------------------------------------------
 
@@ -460,7 +509,9 @@ class Executor:
         context.set_process_job(spec.job_id)
         for path in spec.sys_paths:
             if path not in sys.path:
-                sys.path.insert(0, path)
+                sys.path.insert(self.front, path)
+        if self.setup_error:  # none of its code runs without its runtime env
+            return self.setup_error
         try:
             cls = self.function(spec.class_id, ask_owner=False)
             values = [self._arg(arg) for arg in spec.args]
@@ -472,22 +523,24 @@ class Executor:
         except Exception as exc:
             return str(self.rt.task_error(f"{spec.class_name}.__init__", exc))
         self.actor_id = spec.actor_id  # constructed: its calls may run
+        groups = {"": spec.max_concurrency, **spec.concurrency_groups}
         if spec.is_async:
-            self._start_loop(spec.max_concurrency)
+            self._start_loop(groups)
             self.push = self._push_to_loop
-        elif spec.max_concurrency > 1:
-            self.pool = concurrent.futures.ThreadPoolExecutor(spec.max_concurrency,
-                                                              thread_name_prefix="rtml-actor")
+        elif spec.max_concurrency > 1 or spec.concurrency_groups:
+            self.pools = {name: concurrent.futures.ThreadPoolExecutor(
+                size, thread_name_prefix=f"rtml-actor{'-' if name else ''}{name}")
+                for name, size in groups.items()}
             self.push = self._push_to_pool
         return ""
 
-    def _start_loop(self, max_concurrency: int) -> None:
+    def _start_loop(self, groups: dict[str, int]) -> None:
         loop = asyncio.new_event_loop()
         ready = threading.Event()
 
         def run() -> None:
             asyncio.set_event_loop(loop)
-            self.semaphore = asyncio.Semaphore(max_concurrency)
+            self.semaphores = {name: asyncio.Semaphore(size) for name, size in groups.items()}
             ready.set()
             loop.run_forever()
 

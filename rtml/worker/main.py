@@ -8,7 +8,8 @@ with ``python -m``.
                                            --PushFunction--> (a function it asked for)
 
 The main thread runs the task server (a reactor) and executes tasks inline;
-the client runtime (nested submissions, get, put) runs its own I/O thread.
+the client runtime (nested submissions, get, put) runs its own I/O thread. A worker
+started for a runtime env sets it up first (``rtml.worker.runtime_env``).
 """
 
 from __future__ import annotations
@@ -24,15 +25,16 @@ from typing import Any
 
 from rtml import api
 from rtml.config import WorkerConfig
-from rtml.core import context
+from rtml.core import context, runtime_env
 from rtml.core.runtime import ClientConfig, ClientRuntime
-from rtml.exceptions import ProtocolError
+from rtml.exceptions import ProtocolError, RuntimeEnvSetupError
 from rtml.rpc import messages as m
 from rtml.rpc.admission import HELLO_TIMEOUT, Admissions, RefusalLog
 from rtml.rpc.auth import HELLO_MAX_FRAME, challenge, check_hello, sign
 from rtml.rpc.framing import frame
 from rtml.rpc.reactor import Connection, Reactor
 from rtml.session import Session
+from rtml.worker import runtime_env as worker_env
 from rtml.worker.executor import Executor
 from rtml.worker.output import OutputTee
 
@@ -97,7 +99,7 @@ class TaskServer:
             return
         for path in hello.sys_paths:  # where the owner's code is found, here and for the
             if path not in sys.path:  # tasks this worker submits (their workers need it too)
-                sys.path.insert(0, path)
+                sys.path.insert(self.executor.front, path)  # (behind its runtime env's)
             if path not in self.rt.sys_paths:
                 self.rt.sys_paths.append(path)
         owner = Connection(self.reactor, sock, self._on_message, name="owner")
@@ -141,12 +143,16 @@ class NodeOrders:
 
 
 def main(argv: list[str]) -> int:
-    cfg = WorkerConfig.from_json(argv[1])
+    # (A pip env's worker comes back here under its venv's python, its config in CONFIG_ENV.)
+    config_json = argv[1] if len(argv) > 1 else os.environ.pop(worker_env.CONFIG_ENV)
+    cfg = WorkerConfig.from_json(config_json)
     session = Session(Path(cfg.session_dir))
     name = cfg.worker_id.hex()
     logging.basicConfig(filename=session.log_file(f"worker-{name[:12]}"),
                         level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    env = runtime_env.loads(cfg.runtime_env)
+    setup_error = _use_venv(cfg, config_json, env["pip"]) if env.get("pip") else ""
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     atexit.unregister(api.shutdown)  # a driver's; the atexit handlers that an actor's
@@ -157,6 +163,8 @@ def main(argv: list[str]) -> int:
                        on_worker_message=orders.receive)
     server_reactor = Reactor("rtml-task-server")
     executor = Executor(rt)
+    if env:
+        _set_up(env, cfg, rt, executor, setup_error)
     orders.executor, orders.server = executor, server_reactor
     context.set_runtime(rt)
     job = lambda: executor.current_job  # noqa: E731 - read at write time
@@ -178,6 +186,35 @@ def main(argv: list[str]) -> int:
     finally:
         os.unlink(path)
     return 0
+
+
+def _use_venv(cfg: WorkerConfig, config_json: str, requirements: list[str]) -> str:
+    """Run from the pip env's virtualenv: made on this node if needed, then this process
+    becomes the worker again under its python (this does not return). Returns why it
+    could not be ("" when running there already)."""
+    try:
+        venv = worker_env.ensure_venv(cfg.session_dir, requirements)
+    except RuntimeEnvSetupError as exc:
+        return str(exc)
+    if not worker_env.in_venv(venv):
+        worker_env.exec_in(venv, config_json)
+    return ""
+
+
+def _set_up(env: dict[str, Any], cfg: WorkerConfig, rt: ClientRuntime, executor: Executor,
+            error: str) -> None:
+    """Set the worker's runtime env up before it serves anything; one that fails (now,
+    or its pip part before) makes it refuse every call with the reason."""
+    if not error:
+        try:
+            executor.front = worker_env.apply(env, cfg.session_dir, rt.plane)
+        except RuntimeEnvSetupError as exc:
+            error = str(exc)
+    rt.runtime_env = cfg.runtime_env  # what the calls its tasks make inherit
+    if error:
+        log.error("runtime_env could not be set up: %s", error)
+        executor.refuse(f"its runtime_env could not be set up on node "
+                        f"{rt.node_id.hex()[:12]} (worker pid {os.getpid()}): {error}")
 
 
 def _become_actor(executor: Executor, msg: m.BecomeActor) -> None:

@@ -10,8 +10,8 @@ from rtml.control_plane import Keys
 def _all_names(keys: Keys, ident: str) -> list[str]:
     return [keys.node(ident), keys.job(ident), keys.function(ident),
             keys.object(ident), keys.actor(ident), keys.named_actor("ns", ident),
-            keys.nodes, keys.jobs, keys.tasks, keys.objects, keys.actors, keys.events,
-            keys.pending_demand]
+            keys.submission(ident), keys.nodes, keys.jobs, keys.tasks, keys.objects,
+            keys.actors, keys.events, keys.pending_demand, keys.submissions]
 
 
 def test_default_namespace_is_rtml() -> None:
@@ -33,7 +33,7 @@ def test_namespaces_do_not_share_any_key() -> None:
 def test_ids_do_not_share_any_key() -> None:
     one, two = _all_names(Keys(), "01"), _all_names(Keys(), "02")
     per_id = [n for n, m in zip(one, two, strict=True) if n != m]
-    assert len(per_id) == 6
+    assert len(per_id) == 7
     assert not set(per_id) & set(two)
 
 

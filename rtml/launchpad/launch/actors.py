@@ -2,8 +2,9 @@
 
     launcher (driver): ControllerServer on the driver's node address
       NodeActor.options(name, namespace, per-group resources, max_restarts).remote(payload)
-        actor __init__: RemoteController, run the node in a thread, serve courier calls
-        on its own node's address
+        actor __init__: absl logging (if the launcher has absl; to the worker's stderr,
+        which reaches the driver), RemoteController, run the node in a thread, serve
+        courier calls on its own node's address
       monitor thread per node: rtml.get(actor.wait_done.remote())
         returns          -> the node ended (its outcome was reported to the controller)
         ActorDiedError   -> the actor is dead for good: the node failed
@@ -25,6 +26,7 @@ import cloudpickle
 import rtml
 from rtml.launchpad import context as ctx
 from rtml.launchpad.controller import ControllerServer, RemoteController
+from rtml.launchpad.launch import node_logging
 from rtml.launchpad.launch.program_handle import LaunchOptions, ProgramHandle
 from rtml.launchpad.launch.runner import run_node
 from rtml.launchpad.nodes import Node
@@ -36,6 +38,7 @@ class NodeActor:
 
     def __init__(self, payload: bytes) -> None:
         data = cloudpickle.loads(payload)
+        node_logging.init(data["absl_argv"], data["description"], root=False)
         node: Node = cloudpickle.loads(data["node"])
         controller = RemoteController(data["controller"], data["token"], data["program"],
                                       data["descriptions"])
@@ -77,7 +80,8 @@ class ActorsHandle(ProgramHandle):
     def start_node(self, node: Node) -> None:
         payload = cloudpickle.dumps({
             "node": self.blobs[node.uid], "controller": self.server.address, "token": self.token,
-            "program": self.program.name, "descriptions": self.controller.descriptions})
+            "program": self.program.name, "descriptions": self.controller.descriptions,
+            "description": node.description, "absl_argv": node_logging.launcher_flags()})
         placement = {"num_cpus": 0, **self.options.resources.get(node.label, {})}
         actor = self.actor_class.options(
             name=f"{node.label}/{node.index}", namespace=self.namespace,

@@ -2,7 +2,8 @@
 
     launcher: ControllerServer (127.0.0.1) --payload on stdin--> python -m
               rtml.launchpad.launch.process_entry (one per node)
-    node process: RemoteController -> run_node -> finished / failed -> exit
+    node process: absl logging (if the launcher has absl) -> RemoteController -> run_node
+                  -> finished / failed -> exit
     a process that dies without reporting is a crash (restarted, or fails the program)
 """
 
@@ -16,6 +17,7 @@ import threading
 import cloudpickle
 
 from rtml.launchpad.controller import ControllerServer
+from rtml.launchpad.launch import node_logging
 from rtml.launchpad.launch.program_handle import LaunchOptions, ProgramHandle
 from rtml.launchpad.nodes import Node
 from rtml.launchpad.program import Program
@@ -31,7 +33,8 @@ class ProcessesHandle(ProgramHandle):
         payload = cloudpickle.dumps({
             "node": self.blobs[node.uid], "controller": self.server.address, "token": self.token,
             "program": self.program.name, "descriptions": self.controller.descriptions,
-            "host": "127.0.0.1"})
+            "host": "127.0.0.1", "description": node.description,
+            "absl_argv": node_logging.launcher_flags()})
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         proc = subprocess.Popen([sys.executable, "-m", "rtml.launchpad.launch.process_entry"],
                                 stdin=subprocess.PIPE, env=env)

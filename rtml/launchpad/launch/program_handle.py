@@ -6,13 +6,20 @@
     stop() --> controller.request_stop() (nodes see lp.wait_for_stop / stop handlers)
            --> after `grace_period` s: kill what still runs; the program is done
     wait() --> blocks until done; re-raises the first error
+
+A test launch (``test_mt``, ``test_mp``, ``test_case=``) restarts nothing and its
+grace period defaults to TEST_GRACE_PERIOD. A thread launch with ``serialize=False``
+runs the nodes themselves rather than copies, so they may share objects that do
+not pickle (a ``threading.Event``, a mock) with the test that launched them.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import threading
+import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +34,10 @@ from rtml.launchpad.program import Program
 log = logging.getLogger(__name__)
 
 DEFAULT_GRACE_PERIOD = 5.0
+TEST_GRACE_PERIOD = 2.0
+"""A test's nodes get less time to stop: a test that waits longer for a stuck node only
+takes longer to fail."""
+WAIT_SLICE = 0.5
 
 
 @dataclass(frozen=True)
@@ -35,8 +46,10 @@ class LaunchOptions:
 
     max_restarts: dict[str, int] = field(default_factory=dict)  # group label -> restarts
     resources: dict[str, dict[str, Any]] = field(default_factory=dict)  # rtml actor options
-    grace_period: float = DEFAULT_GRACE_PERIOD
+    grace_period: float = DEFAULT_GRACE_PERIOD  # math.inf: never kill
     connect_timeout: float = CONNECT_TIMEOUT
+    serialize: bool = True  # run copies of the nodes (cloudpickle) rather than the nodes
+    for_test: bool = False
 
 
 def node_failure(node: Node, error: BaseException) -> BaseException:
@@ -52,7 +65,9 @@ def _pickled(node: Node) -> bytes:
         return bytes(cloudpickle.dumps(node))
     except Exception as exc:
         raise TypeError(f"{node.description} cannot be sent to where it runs: its "
-                        f"constructor arguments must pickle ({exc})") from None
+                        f"constructor arguments must pickle ({exc}); in a thread launch "
+                        f"(local_mt, test_mt), lp.launch(..., serialize_py_nodes=False) "
+                        f"runs the nodes without copying them") from None
 
 
 class ProgramHandle:
@@ -93,7 +108,8 @@ class ProgramHandle:
     def start(self) -> ProgramHandle:
         """Start every node. Raises TypeError naming a node that cannot be pickled
         (before any node starts); a failure to start one stops those already started."""
-        self.blobs = {uid: _pickled(node) for uid, node in self.nodes.items()}
+        self.blobs = {uid: _pickled(node) for uid, node in self.nodes.items()} \
+            if self.options.serialize else {}
         if not self.nodes:
             self.done.set()
         try:
@@ -150,7 +166,7 @@ class ProgramHandle:
 
     def _on_stop(self) -> None:
         with self._lock:
-            if self._killer is not None or self.done.is_set():
+            if self._killer is not None or self.done.is_set() or math.isinf(self.grace_period):
                 return
             self._killer = threading.Timer(self.grace_period, self._kill)
             self._killer.daemon = True
@@ -164,8 +180,10 @@ class ProgramHandle:
         if late:
             log.warning("killing %d node(s) still running %.1f s after stop: %s", len(late),
                         self.grace_period, ", ".join(late))
-        self.kill_all()
-        self._finish()
+        try:
+            self.kill_all()
+        finally:
+            self._finish()  # whatever killing did, the program is over: wait() returns
 
     def _finish(self) -> None:
         if self.done.is_set():
@@ -182,15 +200,36 @@ class ProgramHandle:
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the program ends; re-raise the first node error. False on timeout."""
-        if not self.done.wait(timeout):
+        if not self._wait_done(timeout):
             return False
         if self.error is not None:
             raise self.error
         return True
 
+    def _wait_done(self, timeout: float | None) -> bool:
+        """``done.wait(timeout)`` in slices. A thread launch kills a node by raising
+        SystemExit in its thread, which may land inside ``done.set()`` between waking two
+        waiters; a waiter that re-checks the flag cannot be left asleep by it."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = WAIT_SLICE if deadline is None else min(WAIT_SLICE,
+                                                           deadline - time.monotonic())
+            if self.done.wait(max(left, 0.0)):
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+
     def __enter__(self) -> ProgramHandle:
         return self
 
+    def end_test(self) -> None:
+        """The cleanup of the test that launched the program (``test_case=``): stop it,
+        wait for it, re-raise a node's error. Raises TimeoutError if it outlives the kill."""
+        self.stop()
+        if not self.wait(self.grace_period + 10):
+            raise TimeoutError(f"program {self.program.name!r} still runs "
+                               f"{self.grace_period + 10:g} s after the test stopped it")
+
     def __exit__(self, *exc: Any) -> None:
         self.stop()
-        self.done.wait(self.grace_period + 5)
+        self._wait_done(self.grace_period + 5)

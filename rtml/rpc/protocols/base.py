@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import msgspec
 
-PROTOCOL_VERSION = 9
+PROTOCOL_VERSION = 10
 
 STREAMING = -1
 """``TaskSpec.num_returns`` of a generator task: its items stream to the owner as
@@ -99,6 +99,8 @@ class TaskSpec(msgspec.Struct, array_like=True, gc=False):
     gpu_ids: tuple[int, ...] = ()  # the GPUs of the lease it runs on (CUDA_VISIBLE_DEVICES)
     owner_node: bytes = b""  # large results on another node are held there for this node
     resources: dict[str, float] | None = None  # its shape, unless the default 1 CPU
+    concurrency_group: str = ""  # an actor call's ("": the actor's default group)
+    max_calls: int = 0  # a task's: its worker exits after running its function this often
 
 
 class ActorSpec(msgspec.Struct, array_like=True, gc=False):
@@ -122,6 +124,8 @@ class ActorSpec(msgspec.Struct, array_like=True, gc=False):
     strategy: str = ""  # as RequestLease.strategy
     life_id: bytes = b""  # the object every handle holds (see ActorLives); "" if detached
     owner_node: bytes = b""  # where the owner, and so the life object, is
+    concurrency_groups: dict[str, int] = {}  # name -> calls at once (beside the default)
+    runtime_env: str = ""  # its runtime env, resolved (rtml.core.runtime_env); "" none
 
 
 Handshake = Challenge | Hello | HelloReply

@@ -24,6 +24,7 @@ class RequestLease(Msg, tag=20):
     strategy: str = ""  # "" | "SPREAD" | "node:<hex id>" | "node:<hex id>:soft"
     preferred_node: bytes = b""  # holds the task's large arguments
     spilled: bool = False  # placed here by the head: grant here, never spill again
+    runtime_env: str = ""  # the tasks' runtime env (rtml.core.runtime_env): its own workers
 
 
 class LeaseGranted(Msg, tag=21):

@@ -4,6 +4,8 @@
     owner <--TaskResult------ worker (small returns inline, large ones in shared memory)
     owner <--GeneratorItem--- worker (a generator task's items as they are yielded, in
                               order, before its TaskResult)
+    owner <--WorkerRetiring-- worker (after a result: it ran its function max_calls
+                              times and exits)
     owner --CancelCall------> actor worker (a call already sent: skipped if not started; an
                               async method running gets asyncio.CancelledError)
     owner <--FunctionWanted-- worker (the task's function is not in the control plane, or
@@ -45,6 +47,13 @@ class PushFunction(Msg, tag=14):
     blob: bytes
 
 
+class WorkerRetiring(Msg, tag=16):
+    """The worker ran its function ``max_calls`` times and exits after this: the tasks
+    its owner pushed behind the last one never started (resubmitted free)."""
+
+    task_id: bytes = b""  # none: read past by the owner's result loop as unmatched
+
+
 class GeneratorItem(Msg, tag=15):
     task_id: bytes
     index: int  # 0, 1, ...: object id object_id_for(task_id, index + 2)
@@ -52,6 +61,7 @@ class GeneratorItem(Msg, tag=15):
 
 
 Message = (
-    PushTask | TaskResult | CancelCall | FunctionWanted | PushFunction | GeneratorItem
+    PushTask | TaskResult | CancelCall | FunctionWanted | PushFunction | GeneratorItem |
+    WorkerRetiring
 )
 """Every message of this protocol."""
