@@ -9,6 +9,8 @@ and ``memory_store`` (the owner's values). ``submitter``, ``owner``, ``reference
 ``calls`` and ``arguments`` are the runtime's private parts.
 """
 
-__all__ = ["actors", "context", "generators", "dag", "memory_store", "object_ref", "options",
-           "placement_groups", "remote_function", "runtime", "runtime_context",
-           "runtime_env", "serialization"]
+__all__ = [
+    "actors", "context", "dag", "generators", "memory_store", "object_ref", "options",
+    "placement_groups", "progress", "remote_function", "runtime", "runtime_context",
+    "runtime_env", "serialization",
+]

@@ -88,6 +88,25 @@ class ActorClass(Exported):
         # ours to pickle: a runtime): compiled, the default would call __init__().
         return ActorClass, (self._cls, self._options)
 
+    def __getattr__(self, name: str) -> Any:
+        """The class's own attributes (constants, static methods, nested classes), as
+        through Ray's actor class; its methods are called on a handle."""
+        if name.startswith("__"):
+            raise AttributeError(name)
+        cls = self.__dict__.get("_cls") if hasattr(self, "__dict__") else None
+        if cls is None:
+            raise AttributeError(name)
+        try:
+            attr = inspect.getattr_static(cls, name)
+        except AttributeError:
+            raise AttributeError(f"actor class {cls.__name__!r} has no attribute "
+                                 f"{name!r}") from None
+        if inspect.isfunction(attr):
+            raise AttributeError(f"{name!r} is a method of actor class {cls.__name__!r}: "
+                                 f"call it on a handle, {cls.__name__}.remote()."
+                                 f"{name}.remote(...)")
+        return getattr(cls, name)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(f"actor class {self.__name__!r} cannot be instantiated directly; "
                         f"use {self.__name__}.remote(...) to start an actor")

@@ -44,6 +44,7 @@ from rtml.core.head_link import HeadLink
 from rtml.core.memory_store import IN_STORE, Entry, MemoryStore, StoredError
 from rtml.core.object_ref import ObjectRef
 from rtml.core.owner import TaskOwner
+from rtml.core.progress import Bars
 from rtml.core.references import ReferenceCounter
 from rtml.core.serialization import Serialized, deserialize, from_payload, serialize
 from rtml.core.submitter import TaskSubmitter
@@ -128,6 +129,7 @@ class ClientRuntime:
         self._store_room = 0  # the node's free store bytes, as its last CreateObject answer said
         self._warned_shapes: set[tuple[tuple[str, float], ...]] = set()
         self._unflushed: list[Connection] = []
+        self.bars = Bars()  # remote tasks' progress bars (tqdm_ray), drawn here
         self.reactor.start()
         try:
             hello = make_hello(self.role, self.client_id, self.job_id, self.sys_paths)
@@ -365,8 +367,9 @@ class ClientRuntime:
             self._deliver_reply(msg.req_id, msg)
         elif isinstance(msg, m.WorkerOutput):
             if self.config.log_to_driver:
+                text = self.bars.take(msg.text)  # tqdm_ray's bars drawn, not printed
                 prefix = f"(pid={msg.pid}) "
-                sys.stdout.write("".join(prefix + line for line in msg.text.splitlines(True)))
+                sys.stdout.write("".join(prefix + line for line in text.splitlines(True)))
                 sys.stdout.flush()
 
     def _created_actors(self) -> list[m.Msg]:

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
+import textwrap
 import time
 import typing
 
@@ -185,3 +188,44 @@ def test_ray_terminate_and_async_exit() -> None:
     loop_actor.leave.remote()
     with pytest.raises(rtml.exceptions.ActorDiedError):
         rtml.get(loop_actor.ping.remote(), timeout=30)
+
+
+@rtml.remote
+class WithConstants:
+    LIMIT = 3
+
+    @staticmethod
+    def double(x: int) -> int:
+        return 2 * x
+
+    def method(self) -> int:
+        return self.LIMIT
+
+
+def test_class_attributes_read_through_the_actor_class() -> None:
+    assert WithConstants.LIMIT == 3 and WithConstants.double(4) == 8
+    with pytest.raises(AttributeError, match="call it on a handle"):
+        WithConstants.method  # noqa: B018
+    with pytest.raises(AttributeError, match="no attribute 'missing'"):
+        WithConstants.missing  # noqa: B018
+    assert rtml.get(WithConstants.remote().method.remote()) == 3
+
+
+def test_tqdm_ray_draws_a_tasks_bar_in_the_driver() -> None:
+    script = textwrap.dedent("""
+        import rtml
+        from rtml.experimental import tqdm_ray
+        @rtml.remote
+        def work():
+            for _ in tqdm_ray.tqdm(range(30), desc="remote bar", flush_interval_s=0):
+                pass
+            print("task done")
+        rtml.get(work.remote())
+        rtml.shutdown()
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "RTML_ADDRESS"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "task done" in done.stdout and "__rtml_tqdm__" not in done.stdout
+    assert "remote bar: 100%" in done.stderr and "30/30" in done.stderr
