@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from rtml import cluster
-from rtml.config import NodeConfig, default_object_store_memory
+from rtml.config import JOB_RUNTIME_ENV, NodeConfig, default_object_store_memory
 from rtml.core import context
 from rtml.core import runtime_env as envs
 from rtml.core.actors import ActorClass, ActorHandle, handle_of
 from rtml.core.generators import ObjectRefGenerator
+from rtml.core.job_config import JobConfig
 from rtml.core.object_ref import ObjectRef
 from rtml.core.options import check_namespace, check_timeout
 from rtml.core.remote_function import RemoteFunction
@@ -74,6 +75,7 @@ def init(address: str | None = None, *, num_cpus: float | None = None,
          object_store_memory: int | None = None, namespace: str | None = None,
          log_to_driver: bool = True, token: str | None = None,
          ignore_reinit_error: bool = False, runtime_env: dict[str, Any] | None = None,
+         job_config: JobConfig | None = None,
          _prestart_workers: int = -1, _node_id: str = "",
          _node_timeout_s: float | None = None) -> InitContext:
     """Connect to a cluster, starting an embedded one when no address is given.
@@ -89,6 +91,12 @@ def init(address: str | None = None, *, num_cpus: float | None = None,
     that node instead of the one recorded in this machine's session directory.
     """
     global _context, _embedded
+    job = job_config if job_config is not None else JobConfig()
+    if not isinstance(job, JobConfig):
+        raise TypeError(f"init(job_config=...) takes an rtml.job_config.JobConfig, got "
+                        f"{job_config!r}")
+    namespace = namespace if namespace is not None else job.ray_namespace
+    runtime_env = runtime_env if runtime_env is not None else job.runtime_env
     if namespace is not None:
         check_namespace(namespace)  # before anything is started
     if _node_timeout_s is not None:
@@ -99,7 +107,8 @@ def init(address: str | None = None, *, num_cpus: float | None = None,
                 return _context
             raise RuntimeError("rtml.init() was already called; call rtml.shutdown() first "
                                "or pass ignore_reinit_error=True")
-        job_env = envs.prepare(envs.check(runtime_env))  # before anything is started
+        # (before anything is started)
+        job_env = envs.prepare(envs.check(_under_submitted_env(runtime_env)))
         address = address or os.environ.get("RTML_ADDRESS") or None  # (set but empty: none)
         if address is None:
             _check_node_resources(num_cpus, num_gpus, resources)
@@ -118,7 +127,7 @@ def init(address: str | None = None, *, num_cpus: float | None = None,
         # As Ray: a job given no namespace gets an anonymous one of its own, where its
         # named actors are found (and no other job's are).
         rt = _connect(session, head_address, nm_address, token,
-                      namespace or f"anonymous-{uuid.uuid4()}", bool(log_to_driver))
+                      namespace or f"anonymous-{uuid.uuid4()}", bool(log_to_driver), job)
         if job_env.env:
             _use_job_env(rt, job_env)
         context.set_runtime(rt)
@@ -128,6 +137,25 @@ def init(address: str | None = None, *, num_cpus: float | None = None,
                                 "node_ip_address": rt.node_ip,
                                 "session_dir": str(session.root)})
         return _context
+
+
+def _under_submitted_env(runtime_env: Any) -> Any:
+    """``runtime_env`` over a submitted job's (``JOB_RUNTIME_ENV``, which the head sets for
+    the entrypoint of ``rtml job submit``): init's wins per key, env_vars merged. Raises
+    ValueError if that variable does not hold a JSON object."""
+    text = os.environ.get(JOB_RUNTIME_ENV)
+    if not text:
+        return runtime_env
+    try:
+        submitted = json.loads(text)
+    except json.JSONDecodeError:
+        submitted = None
+    if not isinstance(submitted, dict):
+        raise ValueError(f"{JOB_RUNTIME_ENV} must hold a runtime_env as a JSON object, got "
+                         f"{text[:80]!r}")
+    if runtime_env is None:
+        return submitted
+    return envs.merge(submitted, runtime_env) if isinstance(runtime_env, dict) else runtime_env
 
 
 def _use_job_env(rt: ClientRuntime, job_env: envs.Prepared) -> None:
@@ -205,9 +233,9 @@ def _join_info(address: str, token: str | None,
 
 
 def _connect(session: Session, head_address: str, nm_address: str, token: str,
-             namespace: str, log_to_driver: bool) -> ClientRuntime:
+             namespace: str, log_to_driver: bool, job: JobConfig) -> ClientRuntime:
     job_id = new_job_id()
-    paths = [os.getcwd(), *_project_paths()]
+    paths = [os.getcwd(), *_project_paths(), *map(os.path.abspath, job.code_search_path)]
     try:
         rt = ClientRuntime(ClientConfig("driver", token, nm_address, head_address,
                                         str(session.root), job_id, namespace=namespace,
@@ -216,7 +244,10 @@ def _connect(session: Session, head_address: str, nm_address: str, token: str,
     except BaseException:
         _stop_embedded()
         raise
-    rt.head.send(m.RegisterJob(job_id, os.getpid(), namespace, os.getcwd()))
+    lifetime = "detached" if job.default_actor_lifetime == "detached" else ""
+    rt.job_lifetimes[job_id] = lifetime
+    rt.head.send(m.RegisterJob(job_id, os.getpid(), namespace, os.getcwd(), lifetime,
+                               job.metadata))
     return rt
 
 

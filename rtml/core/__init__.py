@@ -10,7 +10,7 @@ and ``memory_store`` (the owner's values). ``submitter``, ``owner``, ``reference
 """
 
 __all__ = [
-    "actors", "context", "dag", "generators", "memory_store", "object_ref", "options",
+    "actors", "context", "dag", "generators", "job_config", "memory_store", "object_ref", "options",
     "placement_groups", "progress", "remote_function", "runtime", "runtime_context",
     "runtime_env", "serialization",
 ]

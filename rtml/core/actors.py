@@ -147,7 +147,7 @@ class ActorClass(Exported):
             max_concurrency=options.get("max_concurrency", 1000 if is_async else 1),
             is_async=is_async, name=options.get("name") or "",
             namespace=options.get("namespace") or rt.config.namespace,
-            detached=options.get("lifetime") == "detached", sys_paths=rt.sys_paths,
+            detached=_lifetime(rt, options) == "detached", sys_paths=rt.sys_paths,
             strategy=strategy_of(options), runtime_env=env,
             concurrency_groups=dict(options.get("concurrency_groups") or {}))
         life = None if spec.detached else rt.owner.lives.make(spec.actor_id)
@@ -172,6 +172,21 @@ class ActorClass(Exported):
             return handle_of(existing.spec, self._cls)
         caller.keep_alive = built.keep_alive
         return handle
+
+
+def _lifetime(rt: ClientRuntime, options: dict[str, Any]) -> str:
+    """The new actor's lifetime: its option, else its job's default (JobConfig's
+    ``default_actor_lifetime``), which a worker asks the head for once per job."""
+    given = options.get("lifetime")
+    if given is not None:
+        return str(given)
+    job_id = rt.job_id or context.current_job()
+    known = rt.job_lifetimes.get(job_id)
+    if known is None:
+        info: m.JobConfigInfo = rt.request(rt.head, lambda req_id: m.GetJobConfig(
+            req_id, job_id), rt.head.timeout)
+        known = rt.job_lifetimes[job_id] = info.default_lifetime
+    return known
 
 
 def _send_create(rt: ClientRuntime, spec: m.ActorSpec,

@@ -130,6 +130,7 @@ class ClientRuntime:
         self._warned_shapes: set[tuple[tuple[str, float], ...]] = set()
         self._unflushed: list[Connection] = []
         self.bars = Bars()  # remote tasks' progress bars (tqdm_ray), drawn here
+        self.job_lifetimes: dict[bytes, str] = {}  # jobs' default actor lifetimes, as known
         self.reactor.start()
         try:
             hello = make_hello(self.role, self.client_id, self.job_id, self.sys_paths)
@@ -362,7 +363,7 @@ class ClientRuntime:
             with self.lock:
                 self.owner.actor_ended(msg.actor_id, msg.error or "the actor is DEAD")
         elif isinstance(msg, (m.ActorInfo, m.ClusterInfo, m.OutputFlushed, m.NamedActors,
-                              m.PlacementGroupInfo)):
+                              m.PlacementGroupInfo, m.JobConfigInfo)):
             self.head.settled(msg.req_id)
             self._deliver_reply(msg.req_id, msg)
         elif isinstance(msg, m.WorkerOutput):

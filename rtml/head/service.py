@@ -97,6 +97,7 @@ class HeadService(Service):
         self.jobs: dict[bytes, Peer] = {}
         self.submissions = JobRunner(cfg.session_dir, cfg.token, self.plane, self.writes)
         self.namespaces: dict[bytes, str] = {}  # every job's, also once it ended
+        self.lifetimes: dict[bytes, str] = {}  # each job's default actor lifetime
         self.output_fences: dict[int, tuple[Peer, int, set[bytes]]] = {}  # see _flush_output
         self._fence_ids = 0
         self.stopped = asyncio.Event()
@@ -121,6 +122,7 @@ class HeadService(Service):
         for job in self.plane.list_jobs():
             job_id = bytes.fromhex(job["JobID"])
             self.namespaces[job_id] = job.get("namespace", "")
+            self.lifetimes[job_id] = job.get("default_lifetime", "")
             if not job["IsDead"]:
                 self.expected_jobs.add(job_id)
         self.submissions.recover()  # (not waited for: its jobs ended with that head)
@@ -343,8 +345,10 @@ class HeadService(Service):
     def _register_job(self, peer: Peer, msg: m.RegisterJob) -> None:
         self.jobs[msg.job_id] = peer
         self.namespaces[msg.job_id] = msg.namespace
+        self.lifetimes[msg.job_id] = msg.default_lifetime
         self.writes.write(self.plane.put_job, msg.job_id, {
             "pid": msg.pid, "namespace": msg.namespace, "cwd": msg.cwd,
+            "default_lifetime": msg.default_lifetime, "metadata": msg.metadata,
             "start_ts": time.time(), "status": "RUNNING"})
         self._event("JobStarted", job_id=msg.job_id, pid=msg.pid, namespace=msg.namespace)
 
@@ -467,6 +471,9 @@ class HeadService(Service):
     def _actor_exiting(self, peer: Peer, msg: m.ActorExiting) -> None:
         self._carry_out(self.actors.exiting(peer, msg.req_id, msg.actor_id))
 
+    def _job_config(self, peer: Peer, msg: m.GetJobConfig) -> None:
+        peer.send(m.JobConfigInfo(msg.req_id, self.lifetimes.get(msg.job_id, "")))
+
     def _named_actors(self, peer: Peer, msg: m.ListNamedActors) -> None:
         namespace = msg.namespace or self.namespaces.get(msg.job_id, "")
         names = self.actors.names(None if msg.all_namespaces else namespace)
@@ -523,7 +530,7 @@ class HeadService(Service):
         m.ListJobs: _job_request, m.GetJobLogs: _job_request,
         m.ActorExiting: _actor_exiting, m.CreatePlacementGroup: _create_group,
         m.RemovePlacementGroup: _remove_group, m.GetPlacementGroup: _get_group,
-        m.BundlesPrepared: _bundles_prepared,
+        m.BundlesPrepared: _bundles_prepared, m.GetJobConfig: _job_config,
     }
 
 

@@ -46,10 +46,12 @@ from rtml.rpc.protocols.head import (
     FlushOutput,
     GetActorInfo,
     GetClusterInfo,
+    GetJobConfig,
     GetJobLogs,
     GetPlacementGroup,
     HostedActor,
     JobAnswer,
+    JobConfigInfo,
     JobList,
     JobLogs,
     JobRecord,
@@ -125,7 +127,7 @@ from rtml.rpc.protocols.task import (
 )
 
 __all__ = [
-    "CreatePlacementGroup", "RemovePlacementGroup", "GetPlacementGroup", "PlacementGroupInfo", "PrepareBundles", "BundlesPrepared", "CommitBundles", "ReleaseBundles", "ActorExiting", "ActorInfo",
+    "CreatePlacementGroup", "RemovePlacementGroup", "GetPlacementGroup", "PlacementGroupInfo", "PrepareBundles", "BundlesPrepared", "CommitBundles", "ReleaseBundles", "GetJobConfig", "JobConfigInfo", "ActorExiting", "ActorInfo",
     "ActorReady",
     "ActorSpec",
     "ActorStarted",

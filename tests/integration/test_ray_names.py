@@ -229,3 +229,39 @@ def test_tqdm_ray_draws_a_tasks_bar_in_the_driver() -> None:
     assert done.returncode == 0, done.stderr
     assert "task done" in done.stdout and "__rtml_tqdm__" not in done.stdout
     assert "remote bar: 100%" in done.stderr and "30/30" in done.stderr
+
+
+@rtml.remote
+def make_named(name: str) -> int:
+    actor = Probe.options(name=name).remote()  # no handle kept: its lifetime decides
+    return len(rtml.get(actor.names.remote()))
+
+
+@rtml.remote
+def import_from_search_path() -> int:
+    import rtml_search_path_probe  # type: ignore[import-not-found]
+
+    return int(rtml_search_path_probe.VALUE)
+
+
+def test_a_job_config_sets_lifetime_namespace_and_search_path(
+        start_cluster, tmp_path) -> None:  # noqa: ANN001
+    from rtml.job_config import JobConfig
+
+    (tmp_path / "rtml_search_path_probe.py").write_text("VALUE = 42\n")
+    config = JobConfig(default_actor_lifetime="detached", ray_namespace="configured",
+                       code_search_path=[str(tmp_path)], metadata={"team": "infra"})
+    start_cluster(num_cpus=2, job_config=config)
+    assert rtml.get_runtime_context().namespace == "configured"
+    dropped = Probe.options(name="by-driver").remote()
+    del dropped
+    assert rtml.get(make_named.remote("by-task")) >= 1  # a worker asks the head, once
+    time.sleep(0.5)
+    assert set(list_named_actors()) >= {"by-driver", "by-task"}  # detached: they live on
+    assert rtml.get(import_from_search_path.remote()) == 42
+    with pytest.raises(ValueError, match="default_actor_lifetime"):
+        JobConfig(default_actor_lifetime="forever")
+    with pytest.raises(ValueError, match="Java"):
+        JobConfig(jvm_options=["-Xmx1g"])
+    with pytest.raises(TypeError, match="JobConfig"):
+        rtml.init(job_config={"default_actor_lifetime": "detached"})  # type: ignore[arg-type]

@@ -99,6 +99,20 @@ class RegisterJob(Msg, tag=52):
     pid: int
     namespace: str
     cwd: str
+    default_lifetime: str = ""  # JobConfig's default_actor_lifetime ("" non_detached)
+    metadata: dict[str, str] = {}
+
+
+class GetJobConfig(Msg, tag=98):
+    """What a worker creating an actor for a job asks of it, once per job."""
+
+    req_id: int
+    job_id: bytes
+
+
+class JobConfigInfo(Msg, tag=99):
+    req_id: int
+    default_lifetime: str = ""
 
 
 class CreateActor(Msg, tag=53):
@@ -355,6 +369,7 @@ Message = (
     ClusterInfo | Shutdown | FlushOutput | OutputFlushed | ListNamedActors | NamedActors |
     ActorExiting | CreatePlacementGroup | RemovePlacementGroup | GetPlacementGroup |
     PlacementGroupInfo | PrepareBundles | BundlesPrepared | CommitBundles | ReleaseBundles |
+    GetJobConfig | JobConfigInfo |
     SubmitJob | StopJob | DeleteJob | JobAnswer | ListJobs | JobList | GetJobLogs | JobLogs
 )
 """Every message of this protocol."""
