@@ -17,6 +17,10 @@ TOKEN_ENV = "RTML_CLUSTER_TOKEN"
 REDIS_PASSWORD_ENV = "RTML_REDIS_PASSWORD"
 """... and the password of a Redis of the user's (``--redis-address``) the same way."""
 
+JOB_RUNTIME_ENV = "RTML_RUNTIME_ENV"
+"""A submitted job's runtime_env (JSON), set by the head for its entrypoint: the driver's
+``init`` takes it under its own ``runtime_env``."""
+
 DIE_WITH_PARENT_ENV = "RTML_DIE_WITH_PARENT"
 """A daemon launched with this set to its launcher's pid dies with the launcher."""
 

@@ -6,7 +6,8 @@ the job requests (``rtml job``, ``JobSubmissionClient``).
         its working dir unpacked (in a thread) into <session>/jobs/<submission id>/
         /bin/sh -c ENTRYPOINT   in its own session and process group; RTML_ADDRESS (this
                                 head), RTML_TOKEN, RTML_SESSION_DIR in its environment
-                                (the token never on a command line); SIGKILLed if the
+                                (the token never on a command line), RTML_RUNTIME_ENV
+                                (the job's runtime_env, for its init); SIGKILLed if the
                                 head dies (it is the head's child)
             stdout + stderr --one pipe--> the head --> <session>/logs/job-driver-<id>.log
                                                    --> JobLogs to each follower
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import os
 import shutil
@@ -35,7 +37,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from rtml.config import DIE_WITH_PARENT_ENV, REDIS_PASSWORD_ENV, TOKEN_ENV
+from rtml.config import DIE_WITH_PARENT_ENV, JOB_RUNTIME_ENV, REDIS_PASSWORD_ENV, TOKEN_ENV
 from rtml.control_plane import ControlPlane
 from rtml.daemon import die_with_parent
 from rtml.exceptions import RtmlSystemError
@@ -55,8 +57,9 @@ DRAIN_TIMEOUT = 2.0
 process that left the group (its own session) can still hold the pipe open."""
 LOG_CHUNK = 1 << 20
 TAIL_BYTES = 4 * jobs.TAIL_CHARS
-_HEAD_ONLY = (TOKEN_ENV, REDIS_PASSWORD_ENV, DIE_WITH_PARENT_ENV)
-"""The head's own environment that its jobs do not get (they get RTML_TOKEN)."""
+_HEAD_ONLY = (TOKEN_ENV, REDIS_PASSWORD_ENV, DIE_WITH_PARENT_ENV, JOB_RUNTIME_ENV)
+"""The head's own environment that its jobs do not get (they get RTML_TOKEN, and their
+own runtime_env)."""
 
 
 class JobRunner:
@@ -72,6 +75,7 @@ class JobRunner:
         self.address = ""  # this head's host:port, given to run()
         self._logs: dict[str, _JobLog] = {}  # of each job not yet ended
         self._grace: dict[str, asyncio.TimerHandle] = {}  # stopped jobs' SIGKILL timers
+        self._uploads: dict[str, bytes] = {}  # zipped working dirs not yet unpacked
         self._starts: asyncio.Queue[Coroutine[Any, Any, None]] = asyncio.Queue()
 
     def recover(self) -> None:
@@ -110,7 +114,9 @@ class JobRunner:
         sid = job.submission_id
         self._logs[sid] = _JobLog(self.session.log_file(f"job-driver-{sid}"))
         self._carry_out(commands)
-        self._spawn(f"job {sid}", self._run(job, msg.working_dir))
+        if msg.working_dir:
+            self._uploads[sid] = msg.working_dir
+        self._spawn(f"job {sid}", self._run(job))
         log.info("job %s submitted: %s", sid, job.entrypoint)
         peer.send(m.JobAnswer(msg.req_id, True, sid))
 
@@ -145,21 +151,21 @@ class JobRunner:
 
     # -- a job's life ------------------------------------------------------------------------
 
-    async def _run(self, job: jobs.Job, upload: bytes) -> None:
+    async def _run(self, job: jobs.Job) -> None:
         sid = job.submission_id
         try:
-            await self._run_entrypoint(job, upload)
+            await self._run_entrypoint(job)
         except Exception as exc:
             log.exception("running job %s failed", sid)
             if not job.status.is_terminal():
                 self._carry_out(self.table.failed(sid, f"the head could not run it: {exc!r}"))
 
-    async def _run_entrypoint(self, job: jobs.Job, upload: bytes) -> None:
+    async def _run_entrypoint(self, job: jobs.Job) -> None:
         sid = job.submission_id
-        cwd = os.getcwd()
-        if upload:
+        cwd, unpacked = os.getcwd(), None
+        if sid in self._uploads:  # (popped by _unpack: not kept while the job runs)
             try:
-                cwd = await asyncio.to_thread(self._unpack, sid, upload)
+                cwd = unpacked = await asyncio.to_thread(self._unpack, sid)
             except (working_dir.WorkingDirError, OSError, RtmlSystemError) as exc:
                 self._carry_out(self.table.failed_to_start(
                     sid, f"its working_dir could not be unpacked: {exc}"))
@@ -168,7 +174,7 @@ class JobRunner:
             return
         job_log = self._logs[sid]
         try:
-            proc, pump = await self._launch(job, cwd, job_log)
+            proc, pump = await self._launch(job, cwd, unpacked, job_log)
         except OSError as exc:
             self._carry_out(self.table.failed_to_start(sid, f"{job.entrypoint!r}: {exc}"))
             return
@@ -181,14 +187,15 @@ class JobRunner:
         pump.close()
         self._carry_out(self.table.exited(sid, code, job_log.tail()))
 
-    def _unpack(self, sid: str, upload: bytes) -> str:
+    def _unpack(self, sid: str) -> str:
         """Unpack the job's working dir (in a thread); returns its path."""
+        upload = self._uploads.pop(sid)
         target = self.session.root / "jobs" / sid
         private_dir(target, trusted_above=self.session.root)
         working_dir.unpack(upload, target)
         return str(target)
 
-    async def _launch(self, job: jobs.Job, cwd: str,
+    async def _launch(self, job: jobs.Job, cwd: str, unpacked: str | None,
                       job_log: _JobLog) -> tuple[asyncio.subprocess.Process, _Pump]:
         """Start the entrypoint, its output on a pipe of ours (not asyncio's: a process
         that outlives the entrypoint and holds the pipe must not delay its end)."""
@@ -197,7 +204,7 @@ class JobRunner:
             job_log.open()
             proc = await asyncio.create_subprocess_exec(
                 "/bin/sh", "-c", job.entrypoint, stdin=subprocess.DEVNULL, stdout=write_fd,
-                stderr=write_fd, cwd=cwd, env=self._environment(job), start_new_session=True,
+                stderr=write_fd, cwd=cwd, env=self._environment(job, unpacked), start_new_session=True,
                 preexec_fn=_dies_with_us())
         except BaseException:
             os.close(read_fd)
@@ -210,9 +217,15 @@ class JobRunner:
         log.info("job %s runs as pid %d in %s", job.submission_id, proc.pid, cwd)
         return proc, pump
 
-    def _environment(self, job: jobs.Job) -> dict[str, str]:
+    def _environment(self, job: jobs.Job, unpacked: str | None) -> dict[str, str]:
+        """The head's environment, the job's env_vars, and what makes its driver join this
+        cluster in the job's runtime_env (JOB_RUNTIME_ENV, which ``rtml.init`` reads)."""
         env = {k: v for k, v in os.environ.items() if k not in _HEAD_ONLY}
-        env.update(spec.parse_runtime_env_json(job.runtime_env_json).get("env_vars", {}))
+        runtime_env = spec.parse_runtime_env_json(job.runtime_env_json)
+        env.update(runtime_env.get("env_vars", {}))
+        driver_env = spec.driver_runtime_env(runtime_env, unpacked)
+        if driver_env:
+            env[JOB_RUNTIME_ENV] = json.dumps(driver_env)
         env.update({"RTML_ADDRESS": self.address, "RTML_TOKEN": self.token,
                     "RTML_SESSION_DIR": str(self.session.root),
                     "RTML_JOB_SUBMISSION_ID": job.submission_id, "PYTHONUNBUFFERED": "1"})

@@ -1,26 +1,32 @@
 """What a job submission is, shared by the client that makes one and the head that runs
 it: the job's states (Ray's ``JobStatus``), the rules for a submission id, and which
-``runtime_env`` keys a job may carry.
+``runtime_env`` a job may carry.
 
-    client: check_submission_id, split_runtime_env (working_dir packed, the rest sent)
-    head:   check_submission_id, check_runtime_env (again: a token holder's message is
-            checked where it arrives), env_vars applied to the entrypoint's environment
+    client: check_submission_id, check_runtime_env; working_dir packed (working_dir.py)
+    head:   the same checks again (a token holder's message is checked where it
+            arrives); env_vars set for the entrypoint; driver_runtime_env -> the
+            entrypoint's JOB_RUNTIME_ENV, which its ``rtml.init`` takes as the job's
+            runtime_env (so its tasks and actors get the working dir, env_vars and pip
+            packages on every node)
 
-``runtime_env`` takes ``working_dir`` (a local directory, uploaded), ``excludes``
-(patterns left out of it) and ``env_vars`` (set for the entrypoint). The entrypoint is
-a driver, so ``rtml.init()`` runs there with its defaults; rtml's ``init`` has no
-``runtime_env`` of its own (yet), so other keys (pip, conda, py_modules, ...) are
-refused with the reason rather than ignored.
+A job's ``runtime_env`` takes ``working_dir`` (a local directory, uploaded), ``excludes``
+(left out of it), ``env_vars`` and ``pip`` (for the workers: the entrypoint itself runs
+in the head node's Python). ``py_modules`` name paths on the submitting machine, which
+the head cannot read: they are refused with that reason (give them to the script's own
+``rtml.init(runtime_env=...)``, or put them in the working_dir).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
 import string
 from enum import StrEnum
 from typing import Any
+
+from rtml.core import runtime_env as envs
 
 
 class JobStatus(StrEnum):
@@ -43,9 +49,6 @@ TERMINAL = frozenset({JobStatus.STOPPED, JobStatus.SUCCEEDED, JobStatus.FAILED})
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
 _ALPHABET = string.ascii_letters + string.digits
 
-RUNTIME_ENV_KEYS = ("working_dir", "excludes", "env_vars")
-"""The runtime_env keys a submitted job may carry (module docstring)."""
-
 
 def new_submission_id() -> str:
     """A fresh id, as Ray's ``raysubmit_<16 letters and digits>``."""
@@ -61,30 +64,28 @@ def check_submission_id(submission_id: str) -> str:
 
 
 def check_runtime_env(runtime_env: Any) -> dict[str, Any]:
-    """``runtime_env`` (None: none) if rtml can honour it for a job. Raises ValueError
-    (TypeError for a value of the wrong type) naming what cannot be."""
+    """``runtime_env`` (None: none) if a job can honour it. Raises ValueError (TypeError
+    for a value of the wrong type) naming what cannot be, and what to do."""
     if runtime_env is None:
         return {}
-    if not isinstance(runtime_env, dict):
-        raise TypeError(f"runtime_env must be a dict, got {type(runtime_env).__name__}")
-    unknown = sorted(set(runtime_env) - set(RUNTIME_ENV_KEYS))
-    if unknown:
-        raise ValueError(f"runtime_env {', '.join(map(repr, unknown))} is not supported for "
-                         f"rtml jobs: give only {', '.join(RUNTIME_ENV_KEYS)} (install "
-                         f"packages on the cluster's machines instead)")
-    env_vars = runtime_env.get("env_vars", {})
-    if not isinstance(env_vars, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) and k and "=" not in k
-            for k, v in env_vars.items()):
-        raise TypeError("runtime_env['env_vars'] must be a dict of variable names "
-                        "(without '=') to str values")
-    excludes = runtime_env.get("excludes", [])
-    if not isinstance(excludes, list) or not all(isinstance(p, str) for p in excludes):
-        raise TypeError("runtime_env['excludes'] must be a list of str patterns")
-    working_dir = runtime_env.get("working_dir")
-    if working_dir is not None and not isinstance(working_dir, str):
-        raise TypeError("runtime_env['working_dir'] must be a local directory path (str)")
-    return dict(runtime_env)
+    if isinstance(runtime_env, dict) and "py_modules" in runtime_env:
+        raise ValueError("runtime_env 'py_modules' is not supported for rtml jobs: its "
+                         "paths are the submitting machine's; put the modules in the "
+                         "working_dir, or pass py_modules to rtml.init(runtime_env=...) in "
+                         "the script")
+    env = envs.check(runtime_env) or {}
+    if env.get("working_dir") is not None:
+        env["working_dir"] = os.fspath(env["working_dir"])  # (checked: a str or a path)
+    return env
+
+
+def driver_runtime_env(runtime_env: dict[str, Any], working_dir: str | None) -> dict[str, Any]:
+    """The runtime_env the entrypoint's ``rtml.init`` takes (JOB_RUNTIME_ENV): the job's,
+    with its uploaded working dir where the head unpacked it (None: none uploaded)."""
+    env = {k: v for k, v in runtime_env.items() if k in ("env_vars", "pip") and v}
+    if working_dir is not None:
+        env["working_dir"] = working_dir
+    return env
 
 
 def runtime_env_json(runtime_env: dict[str, Any]) -> str:

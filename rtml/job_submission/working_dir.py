@@ -56,7 +56,7 @@ def pack(directory: str | os.PathLike[str], excludes: list[str] | tuple[str, ...
 
 def _too_large(root: Path, size: int, limit: int, sizes: list[tuple[int, str]]) -> str:
     largest = ", ".join(f"{name} ({n / _MIB:.1f} MiB)" for n, name in sorted(sizes)[-3:])
-    return (f"working_dir {root} packs to more than {limit / _MIB:.0f} MiB (at least "
+    return (f"working_dir {root} packs to more than {limit / _MIB:g} MiB (at least "
             f"{size / _MIB:.1f} MiB; largest files: {largest}); leave out large files with "
             f"runtime_env excludes, or put data where the cluster's machines read it")
 

@@ -44,6 +44,20 @@ n = int(sys.argv[1])
 print("result", sum(rtml.get([work.remote(i) for i in range(n)])), flush=True)
 """
 
+# What its tasks get of the job's runtime_env: env_vars, and the working dir's modules.
+PROBE = """
+import os
+import rtml
+
+@rtml.remote
+def probe():
+    import helper
+    return os.environ.get("GREETING"), helper.scale(1)
+
+rtml.init()
+print("worker", *rtml.get(probe.remote()), flush=True)
+"""
+
 FAILING = """
 print("about to fail", flush=True)
 raise ValueError("the job's own error")
@@ -168,7 +182,8 @@ def project(tmp_path: Path) -> Path:
     """A working dir: the driver, a module it imports, and the other scripts."""
     wd = tmp_path / "project"
     wd.mkdir()
-    for name, text in (("helper.py", HELPER), ("driver.py", DRIVER), ("failing.py", FAILING),
+    for name, text in (("helper.py", HELPER), ("driver.py", DRIVER), ("probe.py", PROBE),
+                       ("failing.py", FAILING),
                        ("stubborn.py", STUBBORN), ("slow.py", SLOW_PRINTER),
                        ("long.py", LONG)):
         (wd / name).write_text(text)
@@ -309,7 +324,7 @@ def test_a_wrong_token_is_refused_and_starts_nothing(head: Head, tmp_path: Path)
 def test_python_client_end_to_end(head: Head, project: Path) -> None:
     client = head.client()
     job_id = client.submit_job(
-        entrypoint="python driver.py 3 && echo greeting=$GREETING",
+        entrypoint="python driver.py 3 && python probe.py && echo greeting=$GREETING",
         runtime_env={"working_dir": str(project), "env_vars": {"GREETING": "hello"},
                      "excludes": ["long.py"]},
         metadata={"owner": "test"}, entrypoint_num_cpus=1)
@@ -318,11 +333,11 @@ def test_python_client_end_to_end(head: Head, project: Path) -> None:
     async def tail() -> str:
         return "".join([text async for text in client.tail_job_logs(job_id)])
     logged = asyncio.run(asyncio.wait_for(tail(), 30))
-    assert logged == "result 33\ngreeting=hello\n"  # 1 + 11 + 21
+    assert logged == "result 33\nworker hello 11\ngreeting=hello\n"  # 1 + 11 + 21
     assert client.get_job_status(job_id) is JobStatus.SUCCEEDED
     assert client.get_job_status(job_id).is_terminal()
     info = client.get_job_info(job_id)
-    assert info.entrypoint == "python driver.py 3 && echo greeting=$GREETING"
+    assert info.entrypoint == "python driver.py 3 && python probe.py && echo greeting=$GREETING"
     assert info.metadata == {"owner": "test"} and info.entrypoint_num_cpus == 1.0
     assert info.runtime_env["env_vars"] == {"GREETING": "hello"}
     assert info.message == "Job finished successfully." and info.driver_exit_code == 0
@@ -335,8 +350,10 @@ def test_python_client_end_to_end(head: Head, project: Path) -> None:
 
     with pytest.raises(RuntimeError, match="already exists"):
         client.submit_job(entrypoint="true", submission_id=job_id)
-    with pytest.raises(ValueError, match="'pip' is not supported"):
-        client.submit_job(entrypoint="true", runtime_env={"pip": ["requests"]})
+    with pytest.raises(ValueError, match="'py_modules' is not supported for rtml jobs"):
+        client.submit_job(entrypoint="true", runtime_env={"py_modules": ["."]})
+    with pytest.raises(ValueError, match=r"\['conda'\] are not supported by rtml"):
+        client.submit_job(entrypoint="true", runtime_env={"conda": "env"})
     assert client.stop_job(job_id) is False
     assert client.delete_job(job_id) is True
     with pytest.raises(RuntimeError, match="no job with submission id"):
