@@ -88,14 +88,10 @@ class ActorClass(Exported):
         # ours to pickle: a runtime): compiled, the default would call __init__().
         return ActorClass, (self._cls, self._options)
 
-    def __getattr__(self, name: str) -> Any:
+    def _class_attribute(self, name: str) -> Any:
         """The class's own attributes (constants, static methods, nested classes), as
         through Ray's actor class; its methods are called on a handle."""
-        if name.startswith("__"):
-            raise AttributeError(name)
-        cls = self.__dict__.get("_cls") if hasattr(self, "__dict__") else None
-        if cls is None:
-            raise AttributeError(name)
+        cls = self._cls
         try:
             attr = inspect.getattr_static(cls, name)
         except AttributeError:

@@ -63,6 +63,16 @@ class Exported:
         self._function_id = b""
         self._exported_to: ClientRuntime | None = None  # the runtime that has it already
 
+    def __getattr__(self, name: str) -> Any:
+        # Only for names not found otherwise: an actor class reads its class's attributes
+        # (a compiled subclass cannot define __getattr__ itself).
+        if name.startswith("__") or "_target" not in self.__dict__:
+            raise AttributeError(name)
+        return self._class_attribute(name)
+
+    def _class_attribute(self, name: str) -> Any:
+        raise AttributeError(f"{type(self).__name__} object has no attribute {name!r}")
+
     def __getstate__(self) -> dict[str, Any]:
         # Pickled with the code that calls it (cloudpickle, by value): not our runtime.
         return {**self.__dict__, "_exported_to": None}
