@@ -27,6 +27,7 @@ from rtml.core.object_ref import ObjectRef, borrow
 from rtml.core.options import (
     ACTOR_OPTIONS,
     METHOD_OPTIONS,
+    capture_of,
     check_options,
     default_returns,
     in_group,
@@ -41,6 +42,7 @@ from rtml.exceptions import ActorDiedError, RtmlSystemError
 from rtml.ids import random_id
 from rtml.rpc import messages as m
 from rtml.rpc.reactor import Connection
+from rtml.scheduler.bundles import group_of
 from rtml.scheduler.resources import task_shape
 
 if TYPE_CHECKING:
@@ -128,11 +130,13 @@ class ActorClass(Exported):
         built = build_args(rt, args, kwargs)
         is_async = any(inspect.iscoroutinefunction(f) or inspect.isasyncgenfunction(f)
                        for _, f in _methods(self._cls))
+        captured = context.captured_group()
         place = in_group(options, task_shape(options.get("num_cpus"), options.get("num_gpus"),
-                                             options.get("memory"), options.get("resources")))
+                                             options.get("memory"), options.get("resources")),
+                         captured)
         hold = in_group(options, task_shape(options.get("num_cpus"), options.get("num_gpus"),
                                             options.get("memory"), options.get("resources"),
-                                            default_cpus=0))
+                                            default_cpus=0), captured)
         spec = m.ActorSpec(
             actor_id=random_id(), job_id=rt.job_id or context.current_job(),
             owner_id=rt.client_id, class_id=class_id,
@@ -145,7 +149,8 @@ class ActorClass(Exported):
             namespace=options.get("namespace") or rt.config.namespace,
             detached=_lifetime(rt, options) == "detached", sys_paths=rt.sys_paths,
             strategy=strategy_of(options), runtime_env=env,
-            concurrency_groups=dict(options.get("concurrency_groups") or {}))
+            concurrency_groups=dict(options.get("concurrency_groups") or {}),
+            capture_group=capture_of(options) or (captured if group_of(place) else ""))
         life = None if spec.detached else rt.owner.lives.make(spec.actor_id)
         if life is not None:
             spec.life_id, spec.owner_node = life.id, rt.node_id

@@ -27,12 +27,13 @@ def submit_call(rt: ClientRuntime, *, name: str, function_id: bytes, args: tuple
                 retry_exceptions: Any, actor_id: bytes = b"", method: str = "",
                 key: tuple[Any, ...] = (), keep: Any = None,
                 resources: dict[str, float] | None = None, group: str = "",
-                max_calls: int = 0) -> Any:
+                max_calls: int = 0, capture: str = "") -> Any:
     """Submit one task or actor call; its ref (a list for several returns, None for 0).
 
     ``keep``: held until the call is answered (an actor's life: see ActorLives).
     ``resources``: what the task's ``get_assigned_resources()`` says, if not 1 CPU.
     ``group``: an actor call's concurrency group. ``max_calls``: a task's (0: no limit).
+    ``capture``: the placement group the task's own tasks and actors run in.
     """
     built = build_args(rt, args, kwargs)
     keep_alive = built.keep_alive
@@ -46,7 +47,7 @@ def submit_call(rt: ClientRuntime, *, name: str, function_id: bytes, args: tuple
                       built.args, built.kwarg_names,
                       num_returns, rt.client_id, actor_id=actor_id, method=method,
                       owner_node=rt.node_id, resources=resources, concurrency_group=group,
-                      max_calls=max_calls)
+                      max_calls=max_calls, capture_group=capture)
     record = TaskRecord(spec, shape, max_retries, retry_exceptions, keep_alive or (),
                         return_ids, has_contained=bool(built.contained), key=key,
                         parent=context.current_task())

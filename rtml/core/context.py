@@ -55,6 +55,16 @@ current_spec = _task.get
 """The spec of the task (or actor call) running in this thread or asyncio task, if any."""
 
 
+def captured_group() -> str:
+    """The placement group (hex) that the running task, or this actor, puts the tasks and
+    actors it makes in (``placement_group_capture_child_tasks``); "" if none."""
+    spec = _task.get()
+    if spec is not None and spec.capture_group:
+        return spec.capture_group
+    actor = _actor
+    return actor.spec.capture_group if actor is not None else ""
+
+
 def current_task() -> bytes | None:
     """The id of the task (or actor call) running in this thread or asyncio task, if any."""
     spec = _task.get()

@@ -48,12 +48,14 @@ class PlacementGroupSchedulingStrategy:
 
     def __init__(self, placement_group: Any, placement_group_bundle_index: int = -1,
                  placement_group_capture_child_tasks: bool | None = None) -> None:
-        count = getattr(placement_group, "bundle_count", None)
-        if not isinstance(count, int) or not hasattr(placement_group, "id"):
+        count = getattr(placement_group, "bundle_count", 0 if placement_group is None else None)
+        if not isinstance(count, int) or not (placement_group is None
+                                              or hasattr(placement_group, "id")):
             raise TypeError(f"PlacementGroupSchedulingStrategy needs a placement group (from "
                             f"rtml.util.placement_group(...)), got {placement_group!r}")
-        index = placement_group_bundle_index
-        if isinstance(index, bool) or not isinstance(index, int) or not -1 <= index < count:
+        index = placement_group_bundle_index  # (no group, None: not in one, as Ray's)
+        if isinstance(index, bool) or not isinstance(index, int) or not -1 <= index < max(
+                count, 0):
             raise ValueError(f"placement_group_bundle_index must be -1 (any bundle) or "
                              f"0..{count - 1}, got {index!r}")
         self.placement_group = placement_group
@@ -65,18 +67,46 @@ class PlacementGroupSchedulingStrategy:
                 f"{self.placement_group_bundle_index})")
 
 
-def in_group(options: dict[str, Any], shape: Shape) -> Shape:
+def in_group(options: dict[str, Any], shape: Shape, captured: str = "") -> Shape:
     """``shape`` moved onto the placement group bundle the options name, if they name
-    one (``scheduling_strategy`` or Ray's ``placement_group=`` options)."""
-    strategy = options.get("scheduling_strategy")
-    if not isinstance(strategy, PlacementGroupSchedulingStrategy):
-        group = options.get("placement_group")
-        if group is None or group == "default":
-            return shape
-        strategy = PlacementGroupSchedulingStrategy(
-            group, options.get("placement_group_bundle_index", -1))
+    one (``scheduling_strategy`` or Ray's ``placement_group=`` options), else into
+    ``captured``, the group of a parent that captures its children (any bundle)."""
+    strategy = group_strategy(options)
+    if strategy is None:
+        return group_shape(shape, captured, -1) if captured and not _placed(options) \
+            else shape
+    if strategy.placement_group is None:
+        return shape
     return group_shape(shape, strategy.placement_group.id.hex(),
                        strategy.placement_group_bundle_index)
+
+
+def group_strategy(options: dict[str, Any]) -> PlacementGroupSchedulingStrategy | None:
+    """The placement group the options put a task or actor in, if any."""
+    strategy = options.get("scheduling_strategy")
+    if isinstance(strategy, PlacementGroupSchedulingStrategy):
+        return strategy
+    group = options.get("placement_group")
+    if group is None or group == "default":
+        return None
+    return PlacementGroupSchedulingStrategy(
+        group, options.get("placement_group_bundle_index", -1),
+        options.get("placement_group_capture_child_tasks"))
+
+
+def capture_of(options: dict[str, Any]) -> str:
+    """The group (hex) a task or actor of these options captures its children into."""
+    strategy = group_strategy(options)
+    if strategy is None or strategy.placement_group is None \
+            or not strategy.placement_group_capture_child_tasks:
+        return ""
+    return str(strategy.placement_group.id.hex())
+
+
+def _placed(options: dict[str, Any]) -> bool:
+    """Whether the options say where to run (then a captured parent's group is not
+    used: as Ray, an explicit strategy wins)."""
+    return options.get("scheduling_strategy") is not None or "placement_group" in options
 
 
 def strategy_of(options: dict[str, Any]) -> str:

@@ -16,6 +16,7 @@ from rtml.core.calls import submit_call
 from rtml.core.dag import FunctionNode
 from rtml.core.options import (
     TASK_OPTIONS,
+    capture_of,
     check_options,
     default_returns,
     in_group,
@@ -24,6 +25,7 @@ from rtml.core.options import (
 )
 from rtml.core.signatures import CallCheck
 from rtml.core.submitter import with_runtime_env
+from rtml.scheduler.bundles import group_of
 from rtml.scheduler.resources import DEFAULT_SHAPE, shape_key, task_shape
 
 if TYPE_CHECKING:
@@ -126,25 +128,34 @@ class RemoteFunction(Exported):
     def _submit(self, call: _CallOptions, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self._check.check(args, kwargs)
         rt = context.require_runtime()
+        captured = context.captured_group()
+        if captured:
+            call = call.captured_in(captured)
         if call.resolved_for is not rt:  # its runtime env: worked out once per runtime
             call.resolve(rt)
         return submit_call(rt, name=call.name, function_id=self._export(rt), args=args,
                            kwargs=kwargs, num_returns=call.num_returns, shape=call.shape,
                            max_retries=call.max_retries,
                            retry_exceptions=call.retry_exceptions, key=call.lease_key,
-                           resources=call.assigned, max_calls=call.max_calls)
+                           resources=call.assigned, max_calls=call.max_calls,
+                           capture=call.capture)
 
 
 class _CallOptions:
     """What a call under one set of options needs, worked out once, not per call."""
 
-    def __init__(self, name: str, options: dict[str, Any]) -> None:
+    def __init__(self, name: str, options: dict[str, Any], captured: str = "") -> None:
+        self.options = options
         self.name = options.get("name") or name
         self.num_returns = returns_of(options.get("num_returns", 1))
         self.max_retries = options.get("max_retries", 3)
         self.retry_exceptions = options.get("retry_exceptions", False)
         self.shape = in_group(options, task_shape(options.get("num_cpus"), options.get(
-            "num_gpus"), options.get("memory"), options.get("resources")))
+            "num_gpus"), options.get("memory"), options.get("resources")), captured)
+        # The group its own tasks run in: its strategy's (capture_child_tasks), else the
+        # one it was captured into (if it went there).
+        self.capture = capture_of(options) or (captured if group_of(self.shape) else "")
+        self._captured: dict[str, _CallOptions] = {}  # these options, in a captor's group
         self.key = (*shape_key(self.shape), strategy_of(options))  # tasks sharing leases
         self.assigned = None if self.shape == DEFAULT_SHAPE else self.shape
         # As Ray: a GPU task's worker exits after it by default, so what the task's
@@ -162,8 +173,16 @@ class _CallOptions:
         self.lease_key = with_runtime_env(self.key, env)
         self.resolved_for = rt
 
+    def captured_in(self, group: str) -> _CallOptions:
+        """These options for a call made by a task that captures its children into
+        ``group`` (its placement group); worked out once per group."""
+        call = self._captured.get(group)
+        if call is None:
+            call = self._captured[group] = _CallOptions(self.name, self.options, group)
+        return call
+
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "resolved_for": None}  # resolved again where unpickled
+        return {**self.__dict__, "resolved_for": None, "_captured": {}}  # (see resolve)
 
 
 class _Bound:

@@ -209,7 +209,7 @@ def _package(given: str, what: str, excludes: list[str],
     """The package of one path, and the directory inside it to use."""
     path = Path(given).expanduser().absolute()
     if path.is_dir():
-        files = list(_files(path, Excludes(excludes, path)))
+        files = sorted(_files(path, Excludes(excludes, path)))  # (by name, as zip_digest)
         _check_size(what, path, sum(p.stat().st_size for _, p in files))
         prefix = f"{path.name}/" if as_module else ""
         entries = [(prefix + name, p) for name, p in files]
@@ -317,8 +317,8 @@ class Excludes:
     """gitignore-style patterns, on paths relative to a package's root: ``*`` and ``?``
     within a name, ``**`` across directories, a trailing ``/`` for directories only, a
     ``/`` at the start or inside anchors the pattern at the root (else it matches a name
-    at any depth), ``!`` re-includes. An absolute path is taken as that path under
-    ``root`` (one outside it excludes nothing)."""
+    at any depth), ``!`` re-includes. An absolute path under ``root`` is taken as that
+    path."""
 
     def __init__(self, patterns: list[str], root: Path) -> None:
         self.rules = [rule for rule in (_rule(p, root) for p in patterns) if rule is not None]
@@ -338,12 +338,9 @@ def _rule(pattern: str, root: Path) -> tuple[re.Pattern[str], bool, bool] | None
         return None
     negate = pattern.startswith("!")
     pattern = pattern[1:] if negate else pattern
-    if os.path.isabs(pattern):  # a path given whole
-        inside = Path(pattern).absolute()
-        if not inside.is_relative_to(root):
-            return None
-        pattern = "/" + inside.relative_to(root).as_posix() + ("/" if pattern.endswith("/")
-                                                              else "")
+    if Path(pattern).is_relative_to(root):  # a path given whole
+        pattern = "/" + Path(pattern).relative_to(root).as_posix() + (
+            "/" if pattern.endswith("/") else "")
     dir_only = pattern.endswith("/")
     pattern = pattern.rstrip("/")
     anchored = "/" in pattern
@@ -416,7 +413,7 @@ def expand(value: str) -> str:
     return _EXPAND.sub(lambda match: os.environ.get(match.group(1), ""), value)
 
 
-class Owner(Protocol):
+class RuntimeParts(Protocol):
     """What ``resolve`` reads of a runtime (a ClientRuntime: not named, so that this
     module stays out of the runtime's import cycle)."""
 
@@ -429,7 +426,7 @@ _resolved: dict[tuple[bytes, str], str] = {}
 """(runtime's client id, the env as given) -> its wire form merged with the runtime's."""
 
 
-def resolve(rt: Owner, env: dict[str, Any] | None) -> str:
+def resolve(rt: RuntimeParts, env: dict[str, Any] | None) -> str:
     """The wire form of a call's env under ``rt``: prepared and uploaded on first use,
     merged under the runtime's own (``rt.runtime_env``). Raises ValueError or TypeError
     (a bad env), RtmlSystemError (the control plane failed)."""

@@ -185,3 +185,30 @@ def test_a_jobs_groups_end_with_its_driver(three_nodes: Cluster) -> None:
                           timeout=120)
     assert done.returncode == 0 and "reserved" in done.stdout, done.stderr
     until(lambda: free_cpus() == 6.0)  # the driver left: its group was removed
+
+
+@rtml.remote(num_cpus=0)
+def child_group() -> str:
+    group = get_current_placement_group()
+    return group.id.hex() if group is not None else ""
+
+
+@rtml.remote(num_cpus=0)
+def parent_of_children(explicit: bool) -> list[str]:
+    if explicit:  # an explicit strategy wins over the captured group
+        return [rtml.get(child_group.options(scheduling_strategy="DEFAULT").remote())]
+    return rtml.get([child_group.remote(), child_group.remote()])
+
+
+def test_a_capturing_task_puts_its_children_in_its_group(three_nodes: Cluster) -> None:
+    pg = placement_group([{"CPU": 1}], strategy="PACK")
+    assert pg.wait(30)
+    captor = PlacementGroupSchedulingStrategy(pg, 0, placement_group_capture_child_tasks=True)
+    assert rtml.get(parent_of_children.options(scheduling_strategy=captor).remote(False),
+                    timeout=30) == [pg.id.hex()] * 2
+    assert rtml.get(parent_of_children.options(scheduling_strategy=captor).remote(True),
+                    timeout=30) == [""]
+    plain = PlacementGroupSchedulingStrategy(pg, 0)
+    assert rtml.get(parent_of_children.options(scheduling_strategy=plain).remote(False),
+                    timeout=30) == ["", ""]
+    remove_placement_group(pg)

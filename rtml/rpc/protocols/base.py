@@ -101,6 +101,7 @@ class TaskSpec(msgspec.Struct, array_like=True, gc=False):
     resources: dict[str, float] | None = None  # its shape, unless the default 1 CPU
     concurrency_group: str = ""  # an actor call's ("": the actor's default group)
     max_calls: int = 0  # a task's: its worker exits after running its function this often
+    capture_group: str = ""  # a placement group (hex) its own tasks and actors run in
 
 
 class ActorSpec(msgspec.Struct, array_like=True, gc=False):
@@ -125,6 +126,7 @@ class ActorSpec(msgspec.Struct, array_like=True, gc=False):
     life_id: bytes = b""  # the object every handle holds (see ActorLives); "" if detached
     owner_node: bytes = b""  # where the owner, and so the life object, is
     concurrency_groups: dict[str, int] = {}  # name -> calls at once (beside the default)
+    capture_group: str = ""  # as TaskSpec's: for the tasks and actors its methods make
     runtime_env: str = ""  # its runtime env, resolved (rtml.core.runtime_env); "" none
 
 
