@@ -95,6 +95,14 @@ class ActorDiedError(RtmlError):
 ActorError = ActorDiedError
 
 
+class ActorUnavailableError(ActorDiedError):
+    """A call was lost because the actor's process died while it ran, and the actor was
+    restarted (it has ``max_restarts``): the call may or may not have run, and later calls
+    reach the restarted actor. Give the method ``max_task_retries`` to retry such calls
+    (then they run at least once). An ``ActorDiedError`` too, as Ray's is an
+    ``ActorError``."""
+
+
 class WorkerCrashedError(RtmlError):
     """The worker process running the task died and ``max_retries`` is used up.
 

@@ -38,7 +38,7 @@ from rtml.core.remote_function import Exported
 from rtml.core.serialization import recording_contained, serialize
 from rtml.core.signatures import CallCheck
 from rtml.core.submitter import TaskRecord
-from rtml.exceptions import ActorDiedError, RtmlSystemError
+from rtml.exceptions import ActorDiedError, ActorUnavailableError, RtmlSystemError
 from rtml.ids import random_id
 from rtml.rpc import messages as m
 from rtml.rpc.reactor import Connection
@@ -405,6 +405,9 @@ class ActorCaller:
         self.keep_alive: list[Any] = []
         self.created: m.ActorSpec | None = None  # this process created it: its spec
         self.sequential = False  # runs one call at a time: not threaded, not async
+        self.restartable = False  # its spec allows restarts (as last resolved)
+        self.lost: list[tuple[TaskRecord, str]] = []  # in flight when its process died, no
+        # retries left: failed once we know whether it came back (ActorUnavailableError)
         self.held: list[m.PushTask] = []  # calls in flight but not yet written (see flush)
 
     def call(self, record: TaskRecord) -> Connection | None:
@@ -512,7 +515,15 @@ class ActorCaller:
                 self.conn, self.address, self.node_id = conn, info.address, info.node_id
                 self.sequential = (info.spec is not None and info.spec.max_concurrency == 1
                                    and not info.spec.is_async)
+                self.restartable = info.spec is not None and info.spec.max_restarts != 0
+                lost, self.lost = self.lost, []
                 self.flush()
+            for record, reason in lost:  # it came back: those calls may or may not have run
+                self.rt.owner.fail_task(record, ActorUnavailableError(
+                    f"actor call {record.spec.name!r} was lost: the actor "
+                    f"{self.actor_id.hex()[:12]}'s process died while it ran ({reason}) and "
+                    f"the actor was restarted; the call may or may not have run. Give the "
+                    f"method max_task_retries to retry it"))
             return
         self._unreachable(info.error or f"the actor is {info.state}")
 
@@ -523,8 +534,12 @@ class ActorCaller:
             self.ended(why)
             failed = list(self.queue)
             self.queue.clear()
+            lost, self.lost = self.lost, []
         for record in failed:
             self._fail(record)
+        for record, reason in lost:
+            self._fail(record, f"the actor's process died while running this call ({reason}), "
+                               f"and the actor did not come back: {why}")
 
     def _on_results(self, conn: Connection, msgs: list[Any]) -> None:
         """The results of one read from the actor's connection."""
@@ -571,6 +586,11 @@ class ActorCaller:
                     failed.append(record)
             self.inflight.clear()
             self.queue.extendleft(reversed(retry))
+            if self.restartable and failed:
+                self.lost += [(record, reason) for record in failed]
+                failed = []
+                if not self.queue and not self.resolving:
+                    self._resolve()  # to learn whether it restarts
             self.flush()
         for record in failed:
             self._fail(record, f"the actor's process died while running this call ({reason})")

@@ -265,3 +265,23 @@ def test_a_job_config_sets_lifetime_namespace_and_search_path(
         JobConfig(jvm_options=["-Xmx1g"])
     with pytest.raises(TypeError, match="JobConfig"):
         rtml.init(job_config={"default_actor_lifetime": "detached"})  # type: ignore[arg-type]
+
+
+@rtml.remote(max_restarts=1)
+class Restartable:
+    def pid(self) -> int:
+        return os.getpid()
+
+    def crash(self) -> None:
+        os._exit(1)
+
+
+def test_a_call_lost_to_a_restart_is_unavailable_not_dead() -> None:
+    actor = Restartable.remote()
+    before = rtml.get(actor.pid.remote())
+    with pytest.raises(rtml.exceptions.ActorUnavailableError, match="restarted"):
+        rtml.get(actor.crash.remote(), timeout=30)
+    assert rtml.get(actor.pid.remote(), timeout=30) != before  # the restarted actor
+    with pytest.raises(rtml.exceptions.ActorDiedError) as died:  # no restart left
+        rtml.get(actor.crash.remote(), timeout=30)
+    assert not isinstance(died.value, rtml.exceptions.ActorUnavailableError)
