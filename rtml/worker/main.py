@@ -152,7 +152,8 @@ def main(argv: list[str]) -> int:
                         level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     env = runtime_env.loads(cfg.runtime_env)
-    setup_error = _use_venv(cfg, config_json, env["pip"]) if env.get("pip") else ""
+    setup_error = (_use_venv(cfg, config_json, env["pip"], execed=len(argv) < 2)
+                   if env.get("pip") else "")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     atexit.unregister(api.shutdown)  # a driver's; the atexit handlers that an actor's
@@ -188,7 +189,8 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _use_venv(cfg: WorkerConfig, config_json: str, requirements: list[str]) -> str:
+def _use_venv(cfg: WorkerConfig, config_json: str, requirements: list[str],
+              execed: bool) -> str:
     """Run from the pip env's virtualenv: made on this node if needed, then this process
     becomes the worker again under its python (this does not return). Returns why it
     could not be ("" when running there already)."""
@@ -196,9 +198,11 @@ def _use_venv(cfg: WorkerConfig, config_json: str, requirements: list[str]) -> s
         venv = worker_env.ensure_venv(cfg.session_dir, requirements)
     except RuntimeEnvSetupError as exc:
         return str(exc)
-    if not worker_env.in_venv(venv):
-        worker_env.exec_in(venv, config_json)
-    return ""
+    if worker_env.in_venv(venv):
+        return ""
+    if execed:  # (never twice: a venv that is not where its python says it is)
+        return f"the virtualenv {venv} runs from {sys.prefix}, not from itself"
+    worker_env.exec_in(venv, config_json)
 
 
 def _set_up(env: dict[str, Any], cfg: WorkerConfig, rt: ClientRuntime, executor: Executor,

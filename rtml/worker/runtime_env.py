@@ -75,7 +75,9 @@ def resources_dir(session_dir: str) -> Path:
 def ensure_venv(session_dir: str, requirements: list[str]) -> Path:
     """The virtualenv with ``requirements`` installed, made if this node has none yet.
     Raises RuntimeEnvSetupError (the venv or the install failed)."""
-    key = json.dumps([sys.version, sys.executable, requirements])
+    # The same under the venv's own python (which runs this again after the exec).
+    base_python = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+    key = json.dumps([sys.version, base_python, _rtml_home(), requirements])
     digest = hashlib.sha256(key.encode()).hexdigest()[:32]
     base = resources_dir(session_dir) / "pip"
     base.mkdir(mode=0o700, exist_ok=True)
@@ -118,11 +120,16 @@ def _parent_pth() -> str:
     lines = []
     if sys.prefix != sys.base_prefix:  # we run in a venv: its packages are rtml's
         lines += [f"import site; site.addsitedir({path!r})" for path in site.getsitepackages()]
-    import rtml
-    home = str(Path(rtml.__file__).resolve().parent.parent)
+    home = _rtml_home()
     if home not in site.getsitepackages():
         lines.append(home)
     return "\n".join(lines) + "\n"
+
+
+def _rtml_home() -> str:
+    """The directory rtml is imported from."""
+    import rtml
+    return str(Path(rtml.__file__).resolve().parent.parent)
 
 
 def _run(command: list[str], what: str, hint: str = "") -> str:
