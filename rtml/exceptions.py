@@ -192,3 +192,11 @@ __all__ = [
     "RtmlSystemError", "RuntimeEnvSetupError", "TaskCancelledError", "TaskError",
     "WorkerCrashedError",
 ]
+
+
+# Ray's names for the same errors, so that ``except ray.exceptions.RayActorError`` (as
+# Ray's documentation writes it) works with ``import rtml as ray``.
+RayError = RtmlError
+RayTaskError = TaskError
+RayActorError = ActorDiedError
+RaySystemError = RtmlSystemError

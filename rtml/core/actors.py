@@ -514,7 +514,8 @@ class ActorCaller:
                 self.resolving = False
                 self.conn, self.address, self.node_id = conn, info.address, info.node_id
                 self.sequential = (info.spec is not None and info.spec.max_concurrency == 1
-                                   and not info.spec.is_async)
+                                   and not info.spec.is_async
+                                   and not info.spec.concurrency_groups)
                 self.restartable = info.spec is not None and info.spec.max_restarts != 0
                 lost, self.lost = self.lost, []
                 self.flush()

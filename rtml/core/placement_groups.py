@@ -29,9 +29,15 @@ PG_ID_SIZE = 16
 class PlacementGroup:
     """A handle to a placement group: picklable, usable in any process of the job."""
 
-    def __init__(self, pg_id: bytes, bundles: list[dict[str, float]]) -> None:
+    def __init__(self, pg_id: bytes, bundles: list[dict[str, float]] | None) -> None:
         self.id = pg_id
-        self.bundle_specs = bundles
+        self._bundles = bundles  # None: not known here yet (asked of the head when read)
+
+    @property
+    def bundle_specs(self) -> list[dict[str, float]]:
+        if self._bundles is None:
+            self._bundles = info(context.require_runtime(), self.id).bundles
+        return self._bundles
 
     @property
     def bundle_count(self) -> int:
@@ -48,7 +54,7 @@ class PlacementGroup:
         return bool(context.require_runtime().wait([ref], {ref.id}, 1, timeout_seconds, True))
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (PlacementGroup, (self.id, self.bundle_specs))
+        return (PlacementGroup, (self.id, self._bundles))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, PlacementGroup) and other.id == self.id
@@ -57,7 +63,7 @@ class PlacementGroup:
         return hash(self.id)
 
     def __repr__(self) -> str:
-        return f"PlacementGroup({self.id.hex()}, {self.bundle_specs})"
+        return f"PlacementGroup({self.id.hex()})"
 
 
 def _reserved() -> bool:
@@ -102,12 +108,13 @@ def remove(rt: Any, group: PlacementGroup) -> None:
     rt.head.send(m.RemovePlacementGroup(group.id))
 
 
-def current(spec: m.TaskSpec | None) -> PlacementGroup | None:
-    """The group the running task (``spec``) runs in, if any."""
-    if spec is None or not spec.resources:
-        return None
-    pg_hex = group_of(spec.resources)
-    return PlacementGroup(bytes.fromhex(pg_hex), []) if pg_hex else None
+def current() -> PlacementGroup | None:
+    """The group the running task, or this actor, runs in, if any."""
+    spec, actor = context.current_spec(), context.current_actor()
+    resources = spec.resources if spec is not None and spec.resources else (
+        actor.spec.shape if actor is not None else None)
+    pg_hex = group_of(resources) if resources else ""
+    return PlacementGroup(bytes.fromhex(pg_hex), None) if pg_hex else None
 
 
 def _current_job() -> bytes:

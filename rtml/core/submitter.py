@@ -247,7 +247,7 @@ class TaskSubmitter:
             conn = self.rt.connect_worker(msg.address, self._on_results,
                                           self._on_worker_closed)
         except Exception as exc:  # the worker died between grant and connect
-            log.warning("leased worker at %s unreachable: %s", msg.address, exc)
+            log.info("leased worker at %s unreachable: %s", msg.address, exc)
             nm.send(m.ReturnLease(msg.lease_id))
             with self.rt.lock:
                 self._pump(key, queue)

@@ -55,4 +55,4 @@ def placement_group_table(placement_group: PlacementGroup | None = None) -> dict
 
 def get_current_placement_group() -> PlacementGroup | None:
     """The group the running task or actor runs in; None in a driver or outside one."""
-    return placement_groups.current(context.current_spec())
+    return placement_groups.current()
