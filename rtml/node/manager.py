@@ -174,14 +174,18 @@ class NodeManager(Service):
         while True:
             for worker_id in self.sched.reap_idle(IDLE_WORKER_TICKS):
                 self.workers[worker_id].kill()
-            changes = self.sched.total_changes  # (placement group bundles)
-            total = dict(self.sched.total) if changes != self._total_sent else None
-            self._total_sent = changes
-            self.head.send(m.NodeHeartbeat(self.node_id, self._available(),
-                                           self.leases.waiting_shapes(), total))
+            self._heartbeat()
             await self.objects.flush(self.plane)
             await self.objects.locate_unknown(self.plane)
             await asyncio.sleep(HEARTBEAT_INTERVAL)
+
+    def _heartbeat(self) -> None:
+        """Tell the head what is free here (and the total, when bundles changed it)."""
+        changes = self.sched.total_changes  # (placement group bundles)
+        total = dict(self.sched.total) if changes != self._total_sent else None
+        self._total_sent = changes
+        self.head.send(m.NodeHeartbeat(self.node_id, self._available(),
+                                       self.leases.waiting_shapes(), total))
 
     def _available(self) -> dict[str, float]:
         """What is free here: the scheduler's resources, the store's free bytes (as Ray,
@@ -219,8 +223,10 @@ class NodeManager(Service):
             self.head.send(m.BundlesPrepared(msg.pg_id, self.node_id, ok))
         elif isinstance(msg, m.CommitBundles):
             self._run(self.sched.commit_bundles(msg.pg_id.hex()))
+            self._heartbeat()  # at once: the group's tasks may wait at the head for it
         elif isinstance(msg, m.ReleaseBundles):
             self._run(self.sched.release_bundles(msg.pg_id.hex()))
+            self._heartbeat()
         elif isinstance(msg, m.LeasePlaced):
             self._run(self.leases.placed(msg))
         elif isinstance(msg, m.NodeTable):
