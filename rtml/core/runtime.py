@@ -24,6 +24,7 @@ back-reference to it:
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import hashlib
 import itertools
 import logging
@@ -811,16 +812,22 @@ class ClientRuntime:
         return lambda: self.forget_reply(req_id)
 
     def future(self, ref: ObjectRef) -> concurrent.futures.Future[Any]:
+        """A future of ``ref``'s value. No closures: compiled, a closure's environment and
+        its functions form a cycle, which would keep the future (and what its callbacks
+        hold, an actor handle say) until the collector runs."""
         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
-
-        def resolve() -> None:
-            try:
-                fut.set_result(self.get([ref], None)[0])
-            except BaseException as exc:
-                fut.set_exception(exc)
-
-        self.on_ready([ref], lambda _: threading.Thread(target=resolve, daemon=True).start())
+        self.on_ready([ref], functools.partial(self._start_resolving, fut, ref))
         return fut
+
+    def _start_resolving(self, fut: concurrent.futures.Future[Any], ref: ObjectRef,
+                         _: bytes) -> None:
+        threading.Thread(target=self._resolve, args=(fut, ref), daemon=True).start()
+
+    def _resolve(self, fut: concurrent.futures.Future[Any], ref: ObjectRef) -> None:
+        try:
+            fut.set_result(self.get([ref], None)[0])
+        except BaseException as exc:
+            fut.set_exception(exc)
 
     # -- tasks -------------------------------------------------------------------------------
 
