@@ -150,8 +150,11 @@ class Pool:
         with self._lock:
             worker.in_flight -= 1
             self._outstanding.discard(future)
-            if worker.in_flight == 0:
+            retired = worker.in_flight == 0 and worker in self._retiring
+            if retired:
                 self._retiring.discard(worker)
+        if retired:  # its last chunk answered: ended now, not when its handle is collected
+            api.kill(worker.handle)
 
     def _chunksize(self, chunksize: int | None, count: int) -> int:
         """``chunksize`` checked, or Python's default for ``count`` items."""
@@ -273,7 +276,10 @@ class Pool:
         for result in list(self._results):
             result.wait()
         with self._lock:
+            done = [w.handle for w in [*self._workers, *self._retiring]]
             self._workers, self._retiring = [], set()
+        for handle in done:  # every result is in: the processes end, as Python's do
+            api.kill(handle)
 
     def _wait_outstanding(self) -> None:
         while True:
