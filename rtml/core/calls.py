@@ -13,6 +13,7 @@ from rtml.core import context
 from rtml.core.arguments import build_args
 from rtml.core.generators import ObjectRefGenerator, Stream
 from rtml.core.object_ref import ObjectRef
+from rtml.core.options import DYNAMIC
 from rtml.core.submitter import TaskRecord
 from rtml.ids import first_return_id, new_task_id, object_id_for
 from rtml.rpc import messages as m
@@ -41,6 +42,9 @@ def submit_call(rt: ClientRuntime, *, name: str, function_id: bytes, args: tuple
         keep_alive.append(keep)
     job_id = rt.job_id or context.current_job()
     task_id = new_task_id(job_id)
+    dynamic = num_returns == DYNAMIC
+    if dynamic:  # its worker streams the items; the caller gets their refs at the end
+        num_returns = m.STREAMING
     return_ids = ((first_return_id(task_id),) if num_returns == 1 or num_returns == m.STREAMING
                   else tuple([object_id_for(task_id, i + 1) for i in range(num_returns)]))
     spec = m.TaskSpec(task_id, job_id, name, function_id,
@@ -54,6 +58,11 @@ def submit_call(rt: ClientRuntime, *, name: str, function_id: bytes, args: tuple
     if built.contained:
         rt.refs.send_holds(m.AddHolds, built.contained, task_id)
     if num_returns == 1:
+        ref = ObjectRef(return_ids[0], rt.client_id)
+        rt.owner.submit(record, built.pending, built.error)
+        return ref
+    if dynamic:
+        record.stream, record.dynamic = Stream(), True
         ref = ObjectRef(return_ids[0], rt.client_id)
         rt.owner.submit(record, built.pending, built.error)
         return ref

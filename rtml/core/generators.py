@@ -18,7 +18,7 @@ import asyncio
 import concurrent.futures
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from rtml.core.object_ref import ObjectRef
@@ -69,6 +69,26 @@ class Stream:
         waiters, self.waiters = self.waiters, []
         for wake in waiters:
             wake()
+
+
+class DynamicObjectRefGenerator:
+    """The value of a ``num_returns="dynamic"`` task's ref: the refs of its items, in the
+    order it yielded them (iterate it, ``len()`` it; picklable, as a list of refs is)."""
+
+    def __init__(self, refs: list[ObjectRef]) -> None:
+        self._refs = refs
+
+    def __iter__(self) -> Iterator[ObjectRef]:
+        return iter(self._refs)
+
+    def __len__(self) -> int:
+        return len(self._refs)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (DynamicObjectRefGenerator, (self._refs,))
+
+    def __repr__(self) -> str:
+        return f"DynamicObjectRefGenerator({len(self._refs)} refs)"
 
 
 class ObjectRefGenerator:

@@ -128,13 +128,9 @@ def check_options(options: dict[str, Any], allowed: set[str], what: str) -> dict
         if value is not None and bad_amount({name: value}):
             raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
     num_returns = options.get("num_returns")
-    if num_returns == "dynamic":
-        raise ValueError("num_returns='dynamic' is not supported: a generator function "
-                         "streams its items by default (num_returns='streaming'), "
-                         "which Ray recommends over 'dynamic' too")
-    if num_returns is not None and num_returns != "streaming" and (
+    if num_returns is not None and num_returns not in ("streaming", "dynamic") and (
             not isinstance(num_returns, int) or num_returns < 0):
-        raise ValueError(f"num_returns must be an int >= 0 or 'streaming', got "
+        raise ValueError(f"num_returns must be an int >= 0, 'streaming' or 'dynamic', got "
                          f"{num_returns!r}")
     retries = options.get("max_retries")
     if retries is not None and (not isinstance(retries, int) or retries < -1):
@@ -232,9 +228,17 @@ def _check_retry_exceptions(retry: Any) -> None:
                     f"{retry!r}")
 
 
+DYNAMIC = -2
+"""``num_returns="dynamic"`` to the submitting side: a generator task (``STREAMING`` to
+its worker) whose one ref's value is the refs of all its items, once it has ended."""
+
+
 def returns_of(num_returns: int | str) -> int:
-    """``num_returns`` as a task's spec carries it ("streaming": ``STREAMING``)."""
-    return STREAMING if num_returns == "streaming" else int(num_returns)
+    """``num_returns`` as the submitting side counts it ("streaming": ``STREAMING``,
+    "dynamic": ``DYNAMIC``)."""
+    if num_returns == "streaming":
+        return STREAMING
+    return DYNAMIC if num_returns == "dynamic" else int(num_returns)
 
 
 def default_returns(function: Any) -> int | str:

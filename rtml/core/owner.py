@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from rtml.control_plane import RAN, SUBMITTED
 from rtml.core.actors import ActorCaller, ActorLives
+from rtml.core.generators import DynamicObjectRefGenerator
 from rtml.core.memory_store import IN_STORE, Entry, StoredError
 from rtml.core.object_ref import ObjectRef
 from rtml.core.serialization import from_payload, serialize
@@ -158,10 +159,12 @@ class TaskOwner:
                 continue
             if msg.returns and msg.returns[0].is_error and self._argument_lost(record, msg):
                 continue
-            self._entries_of(msg.returns, msg.node_id, entries)
             finished.append((record, msg))
             if record.stream is not None:
                 streams.append((record, msg))
+                if record.dynamic and not msg.returns[0].is_error:
+                    continue  # its value, its items' refs, is set as its stream ends
+            self._entries_of(msg.returns, msg.node_id, entries)
         for callback, object_id in self.rt.set_entries(entries):
             callback(object_id)  # wake getters first; bookkeeping can wait
         for record, msg in streams:
@@ -259,6 +262,11 @@ class TaskOwner:
                 stream.add(ref)
         with self.rt.lock:
             stream.end()
+            refs = list(stream.refs) if record.dynamic and error is None else None
+        if refs is not None:  # num_returns="dynamic": the task's return is its items' refs
+            for callback, oid in self.rt.keep_inline(record.return_ids[0],
+                                                     DynamicObjectRefGenerator(refs)):
+                callback(oid)
 
     def fail_task(self, record: TaskRecord, error: BaseException | None = None,
                   payload: m.Payload | None = None) -> None:

@@ -421,6 +421,14 @@ class ClientRuntime:
         for callback, _ in self.set_entries([(object_id, entry)]):
             callback(object_id)
 
+    def keep_inline(self, object_id: bytes, value: Any
+                    ) -> list[tuple[Callable[[bytes], Any], bytes]]:
+        """Keep ``value`` as owned object ``object_id`` in memory (its refs held for it),
+        however large; returns its waiters, to call without the lock."""
+        ser = serialize(value)
+        self._hold_contained(object_id, ser)
+        return self.set_entries([(object_id, ser.to_payload(False))])
+
     def _hold_contained(self, container_id: bytes, ser: Serialized) -> None:
         if ser.contained:
             self.refs.send_holds(m.AddHolds, [r.id for r in ser.contained], container_id)

@@ -76,6 +76,7 @@ class TaskRecord:
     solo: bool = False  # pushed alone (untimed or long): nothing may queue behind it
     parent: bytes | None = None  # the task that submitted it (None: the driver's own code)
     stream: Any = None  # a generator task's items as they come (a generators.Stream)
+    dynamic: bool = False  # num_returns="dynamic": its return is its items' refs, at the end
 
 
 @dataclass(eq=False)

@@ -15,6 +15,7 @@ import pytest
 
 import rtml
 from rtml.api import _store_stats
+from rtml.core.generators import DynamicObjectRefGenerator
 from rtml.exceptions import GetTimeoutError, TaskCancelledError, TaskError
 
 pytestmark = pytest.mark.usefixtures("cluster")
@@ -188,8 +189,6 @@ def test_what_cannot_be_a_generator() -> None:
     gen = Producer.remote().numbers.remote(1)
     with pytest.raises(TypeError, match="cannot be passed"):
         pickle.dumps(gen)
-    with pytest.raises(ValueError, match="dynamic"):
-        failing.options(num_returns="dynamic")
     with pytest.raises(ValueError, match="async def"):
         @rtml.remote
         async def agen():  # noqa: ANN202
@@ -201,3 +200,21 @@ def test_what_cannot_be_a_generator() -> None:
 
     with pytest.raises(TypeError, match="not a generator"):
         rtml.get(next(not_a_generator.remote()))
+
+
+def test_dynamic_returns_give_every_items_ref_at_the_end() -> None:
+    ref = arrays.options(num_returns="dynamic").remote(3)
+    assert isinstance(ref, rtml.ObjectRef)
+    refs = rtml.get(ref)
+    assert isinstance(refs, DynamicObjectRefGenerator) and len(refs) == 3
+    assert [int(rtml.get(r)[0]) for r in refs] == [0, 1, 2]
+    with pytest.raises(KeyError, match="item 1"):
+        rtml.get(failing.options(num_returns="dynamic").remote(3, 1))
+
+    @rtml.remote
+    def total(generator_ref: list[rtml.ObjectRef]) -> int:  # its value, passed on
+        return sum(int(rtml.get(r)[0]) for r in generator_ref)
+
+    assert rtml.get(total.remote(ref)) == 3
+    method = Producer.remote().numbers.options(num_returns="dynamic")
+    assert [rtml.get(r) for r in rtml.get(method.remote(2))] == [0, 1]
