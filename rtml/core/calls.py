@@ -50,8 +50,10 @@ def submit_call(rt: ClientRuntime, *, name: str, function_id: bytes, args: tuple
     spec = m.TaskSpec(task_id, job_id, name, function_id,
                       built.args, built.kwarg_names,
                       num_returns, rt.client_id, actor_id=actor_id, method=method,
-                      owner_node=rt.node_id, resources=resources, concurrency_group=group,
-                      max_calls=max_calls, capture_group=capture)
+                      owner_node=rt.node_id)
+    if resources is not None or group or max_calls or capture:  # (rare: set apart)
+        spec.resources, spec.concurrency_group = resources, group
+        spec.max_calls, spec.capture_group = max_calls, capture
     record = TaskRecord(spec, shape, max_retries, retry_exceptions, keep_alive or (),
                         return_ids, has_contained=bool(built.contained), key=key,
                         parent=context.current_task())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, Final
 
 from rtml.core import runtime_env
 from rtml.rpc.messages import STREAMING
@@ -228,7 +228,7 @@ def _check_retry_exceptions(retry: Any) -> None:
                     f"{retry!r}")
 
 
-DYNAMIC = -2
+DYNAMIC: Final = -2
 """``num_returns="dynamic"`` to the submitting side: a generator task (``STREAMING`` to
 its worker) whose one ref's value is the refs of all its items, once it has ended."""
 

@@ -22,11 +22,13 @@ without sending it (``rtml.rpc.auth``)::
 
 from __future__ import annotations
 
+from typing import Final
+
 import msgspec
 
 PROTOCOL_VERSION = 10
 
-STREAMING = -1
+STREAMING: Final = -1
 """``TaskSpec.num_returns`` of a generator task: its items stream to the owner as
 ``GeneratorItem``s; its one return (index 1) is set when it ends (``completed()``)."""
 
