@@ -20,6 +20,8 @@ Layout, for the default cluster namespace ``rtml``::
     rtml:actor:<actor_hex>      hash    one actor (spec, state, address, restarts)
     rtml:actors                 set     actor ids (hex)
     rtml:named_actor:<n>:<ns>:<name>   string  actor id (bytes); <n> = len(ns)
+    rtml:placement_group:<pg_hex>   hash   one placement group (spec, state, its nodes)
+    rtml:placement_groups       set     placement group ids (hex), of the live ones
     rtml:events                 stream  timeline events
     rtml:pending_demand         hash    node id (hex) -> resource shapes it cannot place
 
@@ -52,6 +54,7 @@ class Keys:
         self.task_batches = p + "task_batches"
         self.objects = p + "objects"
         self.actors = p + "actors"
+        self.placement_groups = p + "placement_groups"
         self.events = p + "events"
         self.pending_demand = p + "pending_demand"
 
@@ -85,6 +88,10 @@ class Keys:
     def actor(self, actor_hex: str) -> str:
         """Hash of one actor."""
         return f"{self._prefix}actor:{actor_hex}"
+
+    def placement_group(self, pg_hex: str) -> str:
+        """Hash of one placement group."""
+        return f"{self._prefix}placement_group:{pg_hex}"
 
     def named_actor(self, namespace: str, name: str) -> str:
         """String mapping (actor namespace, name) to an actor id."""

@@ -360,6 +360,29 @@ class ControlPlane:
         self._transaction([("DEL", self.keys.submission(submission_id)),
                            ("SREM", self.keys.submissions, submission_id)])
 
+    # -- placement groups -------------------------------------------------------
+
+    @_redis_errors
+    def put_placement_group(self, pg_id: bytes, info: dict[str, Any]) -> None:
+        """Create or overwrite a placement group's record (spec, state, nodes)."""
+        hex_id = pg_id.hex()
+        self._transaction([("DEL", self.keys.placement_group(hex_id)),
+                           _hset(self.keys.placement_group(hex_id), info),
+                           ("SADD", self.keys.placement_groups, hex_id)])
+
+    @_redis_errors
+    def delete_placement_group(self, pg_id: bytes) -> None:
+        """Forget a removed placement group."""
+        hex_id = pg_id.hex()
+        self._transaction([("DEL", self.keys.placement_group(hex_id)),
+                           ("SREM", self.keys.placement_groups, hex_id)])
+
+    @_redis_errors
+    def placement_group_records(self) -> list[dict[str, Any]]:
+        """Every recorded placement group, values as stored (what a new head restores)."""
+        return [record for _, record in self._hashes(
+            self.keys.placement_group, self._members(self.keys.placement_groups))]
+
     # -- functions ----------------------------------------------------------------
 
     @_redis_errors

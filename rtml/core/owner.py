@@ -225,12 +225,17 @@ class TaskOwner:
         """Items generator tasks yielded (on ``node_id``), in order: stored, and their refs
         handed to the tasks' streams. An item a retried task yields again is skipped."""
         fresh: list[tuple[Any, m.GeneratorItem]] = []
+        repeated: list[m.ReturnObject] = []
         with self.rt.lock:
             for msg in items:
                 record = self.tasks.get(msg.task_id)
                 stream = record.stream if record is not None else None
                 if stream is not None and stream.accept(msg.index):
                     fresh.append((stream, msg))
+                else:
+                    repeated.append(msg.item)
+        if repeated:
+            self._let_go_repeated(repeated, node_id)
         if not fresh:
             return
         entries: list[tuple[bytes, Entry]] = []
@@ -242,6 +247,26 @@ class TaskOwner:
         with self.rt.lock:
             for stream, ref in refs:
                 stream.add(ref)
+
+    def _let_go_repeated(self, items: list[m.ReturnObject], node_id: bytes) -> None:
+        """Items skipped (a retry's repeats, or a task no longer ours): what their worker
+        holds for us on ``node_id`` is released, unless it is the copy we still hold."""
+        rt = self.rt
+        here = node_id in (b"", rt.node_id)
+        with rt.lock:
+            ours = {ret.object_id for ret in items if ret.value is None
+                    and rt.store.entries.get(ret.object_id) is IN_STORE
+                    and rt.refs.location_of(ret.object_id) == (rt.node_id if here else node_id)}
+        stored = [ret.object_id for ret in items if ret.value is None
+                  and ret.object_id not in ours]
+        if stored and here:
+            rt.nm.send(m.ReleaseHolds(stored, rt.client_id))
+        elif stored:  # held there by our node manager for us: through it, as a release is
+            rt.nm.send(m.AddHolds(stored, rt.client_id, node_id))
+            rt.nm.send(m.ReleaseHolds(stored, rt.client_id, node_id))
+        for ret in items:
+            if ret.contained and ret.object_id not in ours:
+                rt.nm.send(m.ReleaseHolder(ret.object_id, b"" if here else node_id))
 
     def _end_stream(self, record: TaskRecord, error: m.Payload | None) -> None:
         """A generator task ended; a failure is its stream's last item, so the consumer

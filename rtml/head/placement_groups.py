@@ -35,6 +35,7 @@ class Group:
     nodes: list[bytes] = field(default_factory=list)  # a node per bundle, once chosen
     waiting: set[bytes] = field(default_factory=set)  # nodes still to answer a prepare
     refused: bool = False  # a node answered no: released once all have answered
+    round: int = 0  # placements tried: an answer to an earlier one is stale
 
     def info(self, req_id: int) -> m.PlacementGroupInfo:
         spec = self.spec
@@ -55,7 +56,14 @@ class KillGroupActors:
     pg_hex: str
 
 
-Command = Send | KillGroupActors
+@dataclass(frozen=True)
+class Save:
+    """Record the group as it is now (a head that takes over restores it), or forget it
+    once removed."""
+    group: Group
+
+
+Command = Send | KillGroupActors | Save
 
 
 @dataclass
@@ -68,7 +76,7 @@ class PlacementGroups:
         if spec.pg_id in self.groups:
             return []
         group = self.groups[spec.pg_id] = Group(spec)
-        return self._place(group, room)
+        return [Save(group), *self._place(group, room)]
 
     def place_pending(self, room: dict[bytes, Shape]) -> list[Command]:
         """Nodes' room changed: try the groups still waiting."""
@@ -79,9 +87,12 @@ class PlacementGroups:
                 commands += self._place(group, room)
         return commands
 
-    def prepared(self, pg_id: bytes, node_id: bytes, ok: bool) -> list[Command]:
+    def prepared(self, pg_id: bytes, node_id: bytes, ok: bool, round: int | None = None
+                 ) -> list[Command]:
+        """A node answered a prepare (of placement ``round``; None: the current one)."""
         group = self.groups.get(pg_id)
-        if group is None or node_id not in group.waiting:
+        if group is None or node_id not in group.waiting or (
+                round is not None and round != group.round):
             return []
         group.waiting.discard(node_id)
         group.refused |= not ok
@@ -93,14 +104,15 @@ class PlacementGroups:
                 group.nodes, group.refused = [], False  # to be tried again
             return [Send(n, m.ReleaseBundles(pg_id)) for n in chosen]
         group.state = GroupState.CREATED
-        return [Send(n, m.CommitBundles(pg_id)) for n in chosen]
+        commits: list[Command] = [Send(n, m.CommitBundles(pg_id)) for n in chosen]
+        return [*commits, Save(group)]
 
     def remove(self, pg_id: bytes) -> list[Command]:
         group = self.groups.get(pg_id)
         if group is None or group.state is GroupState.REMOVED:
             return []
         group.state = GroupState.REMOVED
-        commands: list[Command] = [KillGroupActors(pg_id.hex())]
+        commands: list[Command] = [KillGroupActors(pg_id.hex()), Save(group)]
         if not group.waiting:  # else released once the prepares are answered
             commands += [Send(n, m.ReleaseBundles(pg_id)) for n in sorted(set(group.nodes))]
         return commands
@@ -117,14 +129,27 @@ class PlacementGroups:
         given back first)."""
         commands: list[Command] = []
         for pg_id, group in self.groups.items():
-            if node_id in group.nodes and group.state is not GroupState.REMOVED:
+            if group.state is GroupState.REMOVED:  # a prepare it waited for never comes
+                if node_id in group.waiting:
+                    commands += self.prepared(pg_id, node_id, False)
+                continue
+            if node_id in group.nodes:
                 group.waiting.discard(node_id)
                 others = sorted(set(group.nodes) - {node_id})
                 commands += [Send(n, m.ReleaseBundles(pg_id)) for n in others]
                 group.state, group.nodes, group.waiting = GroupState.RESCHEDULING, [], set()
+                commands.append(Save(group))
                 commands += self._place(group, {n: r for n, r in room.items()
                                                 if n != node_id})
         return commands
+
+    def restore(self, spec: m.CreatePlacementGroup, state: GroupState,
+                nodes: list[bytes]) -> None:
+        """A group a predecessor head recorded: a created one keeps its bundles (its nodes
+        kept them), one still being placed is placed again."""
+        created = state is GroupState.CREATED
+        self.groups[spec.pg_id] = Group(spec, state if created else GroupState.PENDING,
+                                        nodes if created else [])
 
     def lookup(self, req_id: int, pg_id: bytes, name: str, namespace: str
                ) -> m.PlacementGroupInfo:
@@ -151,12 +176,13 @@ class PlacementGroups:
             return []
         group.nodes = nodes
         group.waiting = set(nodes)
+        group.round += 1
         for node_id, bundle in zip(nodes, spec.bundles, strict=True):
             _take(room, node_id, bundle)  # until the nodes' heartbeats tell the truth
         per_node: dict[bytes, list[tuple[int, dict[str, float]]]] = {}
         for index, (node_id, bundle) in enumerate(zip(nodes, spec.bundles, strict=True)):
             per_node.setdefault(node_id, []).append((index, bundle))
-        return [Send(n, m.PrepareBundles(spec.pg_id, bundles))
+        return [Send(n, m.PrepareBundles(spec.pg_id, bundles, group.round))
                 for n, bundles in sorted(per_node.items())]
 
 

@@ -126,6 +126,12 @@ class HeadService(Service):
             if not job["IsDead"]:
                 self.expected_jobs.add(job_id)
         self.submissions.recover()  # (not waited for: its jobs ended with that head)
+        for group in self.plane.placement_group_records():
+            if "spec" in group:
+                self.groups.restore(msgspec.msgpack.decode(group["spec"],
+                                                           type=m.CreatePlacementGroup),
+                                    pgs.GroupState(group["state"]),
+                                    [bytes.fromhex(n) for n in group.get("nodes", [])])
         records = self.plane.actor_records()
         for record in records:
             if "spec" in record:
@@ -407,6 +413,10 @@ class HeadService(Service):
         if not msg.spec.namespace:  # created by a task or an actor: in its job's namespace
             msg.spec.namespace = self.namespaces.get(msg.spec.job_id, "")
         self._carry_out(self.actors.create(peer, msg.req_id, msg.spec, msg.get_if_exists))
+        group = group_of(msg.spec.shape)
+        if group and self.groups.removed(group):  # it would wait for them for ever
+            self._carry_out(self.actors.kill(msg.spec.actor_id, True,
+                                             f"its placement group {group} was removed"))
 
     def _actor_node(self, spec: m.ActorSpec) -> bytes | None:
         affinity = parse_affinity(spec.strategy)
@@ -453,7 +463,7 @@ class HeadService(Service):
         peer.send(self.groups.lookup(msg.req_id, msg.pg_id, msg.name, namespace))
 
     def _bundles_prepared(self, peer: Peer, msg: m.BundlesPrepared) -> None:
-        self._carry_groups(self.groups.prepared(msg.pg_id, msg.node_id, msg.ok))
+        self._carry_groups(self.groups.prepared(msg.pg_id, msg.node_id, msg.ok, msg.round))
 
     def _room(self) -> dict[bytes, dict[str, float]]:
         """Each live node's available resources, as the global scheduler sees them."""
@@ -465,8 +475,25 @@ class HeadService(Service):
                 node = self.nodes.get(command.node_id)
                 if node is not None and node.alive:
                     node.peer.send(command.msg)
+            elif isinstance(command, pgs.Save):
+                self._save_group(command.group)
             else:
                 self._carry_out(self.actors.group_removed(command.pg_hex))
+                suffix = f"_{command.pg_hex}"
+                gone = [r for r in self.sched.pending
+                        if any(name.endswith(suffix) for name in r.shape)]
+                self.sched.pending = [r for r in self.sched.pending if r not in gone]
+                self._decided([pl.Failed(r, f"lease refused: its placement group "
+                                            f"{command.pg_hex} was removed") for r in gone])
+
+    def _save_group(self, group: pgs.Group) -> None:
+        pg_id = group.spec.pg_id
+        if group.state is pgs.GroupState.REMOVED:
+            self.writes.write(self.plane.delete_placement_group, pg_id)
+            return
+        self.writes.write(self.plane.put_placement_group, pg_id, {
+            "spec": msgspec.msgpack.encode(group.spec), "state": group.state.value,
+            "nodes": [n.hex() for n in group.nodes]})
 
     def _actor_exiting(self, peer: Peer, msg: m.ActorExiting) -> None:
         self._carry_out(self.actors.exiting(peer, msg.req_id, msg.actor_id))

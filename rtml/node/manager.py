@@ -56,6 +56,7 @@ from rtml.rpc.server import Peer, Service, protocol_factory
 from rtml.scheduler.local import (
     Grant,
     LocalScheduler,
+    Refused,
     StartActor,
     StartWorker,
     StopActor,
@@ -220,7 +221,7 @@ class NodeManager(Service):
             self._kill_actor(msg.actor_id)
         elif isinstance(msg, m.PrepareBundles):
             ok = self.sched.prepare_bundles(msg.pg_id.hex(), list(msg.bundles))
-            self.head.send(m.BundlesPrepared(msg.pg_id, self.node_id, ok))
+            self.head.send(m.BundlesPrepared(msg.pg_id, self.node_id, ok, msg.round))
         elif isinstance(msg, m.CommitBundles):
             self._run(self.sched.commit_bundles(msg.pg_id.hex()))
             self._heartbeat()  # at once: the group's tasks may wait at the head for it
@@ -420,6 +421,9 @@ class NodeManager(Service):
                 self.workers[command.worker_id].kill()
             elif isinstance(command, StopActor):
                 self._kill_actor(command.actor_id)
+            elif isinstance(command, Refused):
+                command.client.send(m.LeaseFailed(command.req_id, command.reason))
+                self._run(self.leases.granted(command.client, command.req_id))  # (its spill)
 
     def _spawn(self, actor_id: bytes, runtime_env: str = "") -> None:
         """Start a worker: for the actor ``actor_id`` (in its spec's runtime env), or for

@@ -69,6 +69,14 @@ class StopActor:
     actor_id: bytes
 
 
+@dataclass(frozen=True)
+class Refused:
+    """A lease request that can never be granted here any more (its group was removed)."""
+    client: Any
+    req_id: int
+    reason: str
+
+
 @dataclass
 class Bundles:
     """A placement group's bundles on this node: taken from the pool when prepared,
@@ -275,6 +283,10 @@ class LocalScheduler:
             if any(name.endswith(ours) for name in shape):
                 self.actor_shapes[actor_id] = {}
                 commands.append(StopActor(actor_id))
+        for request in [r for r in self.pending if any(n.endswith(ours) for n in r.shape)]:
+            self.pending.remove(request)
+            commands.append(Refused(request.client, request.req_id,
+                                    f"lease refused: its placement group {pg_hex} was removed"))
         self.total_changes += 1
         return [*commands, *self.dispatch()]
 

@@ -141,8 +141,11 @@ class Executor:
             log.exception("executing %s failed", spec.name)
             result = self._result(spec, self._plain_error_returns(spec, exc), time.time())
         self.rt.refs.settle()  # see ReferenceCounter.settle: before the owner may release
+        retire = bool(spec.max_calls) and self._used_up(spec)
+        if retire:  # before the result: its owner must not hand this lease back to the node
+            conn.send(m.WorkerRetiring())
         conn.send(result)
-        if spec.max_calls and self._used_up(spec):
+        if retire:
             self._retire(conn)
 
     def _used_up(self, spec: m.TaskSpec) -> bool:
@@ -153,8 +156,7 @@ class Executor:
     def _retire(self, conn: Connection) -> NoReturn:
         """Exit after the last result, as Ray does at ``max_calls`` (what the function held,
         GPU memory say, goes with the process); the owner resubmits what it pushed since."""
-        conn.send(m.WorkerRetiring())  # its owner first: its node then stops the process
-        conn.drain_blocking(5.0)
+        conn.drain_blocking(5.0)  # its owner first (told before the result): then its node
         self.rt.nm.send(m.WorkerRetiring())  # (and leases it out no more)
         self.rt.nm.drain_blocking(5.0)
         sys.stdout.flush()
@@ -343,8 +345,18 @@ class Executor:
     def _stream(self, spec: m.TaskSpec, items: Any, conn: Connection) -> None:
         """Send each item a generator task yields to its owner as it comes, in order (its
         index names its object); the task's own return, its completion, is None."""
+        task_id = spec.task_id
         for index, item in enumerate(_generator_of(spec, items)):
-            self._send_item(spec, index, item, conn)
+            if self.current is None:  # (a threaded actor's call: no cancel signal)
+                self._send_item(spec, index, item, conn)
+                continue
+            self.current = None  # the cancel signal interrupts its code, not our sending
+            try:
+                self._send_item(spec, index, item, conn)
+            finally:
+                self.current = task_id
+            if task_id in self.cancelled:  # cancelled while the item was sent
+                raise TaskCancelledError(f"task {spec.name!r} was cancelled")
 
     async def _stream_async(self, spec: m.TaskSpec, items: Any, conn: Connection) -> None:
         """``_stream`` for an async actor: an async generator's items, or a plain one's."""

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from rtml.head.placement_groups import GroupState, KillGroupActors, PlacementGroups, Send
+from rtml.head.placement_groups import (
+    GroupState,
+    KillGroupActors,
+    PlacementGroups,
+    Save,
+    Send,
+)
 from rtml.rpc import messages as m
 from rtml.scheduler.bundles import bundle_resources, check_bundles, group_of, group_shape, place
 from rtml.scheduler.local import LocalScheduler, StopActor, StopWorker
@@ -62,7 +68,8 @@ def test_a_group_is_created_once_every_node_prepared() -> None:
     assert groups.prepared(b"p" * 16, A, True) == []
     commits = groups.prepared(b"p" * 16, B, True)
     assert {c.node_id for c in commits if isinstance(c, Send)} == {A, B}
-    assert all(isinstance(c, Send) and isinstance(c.msg, m.CommitBundles) for c in commits)
+    assert all(isinstance(c.msg, m.CommitBundles) for c in commits if isinstance(c, Send))
+    assert Save(groups.groups[b"p" * 16]) in commits  # recorded: a new head restores it
     assert groups.lookup(1, b"", "g", "ns").state == "CREATED"
     assert groups.lookup(1, b"x" * 16, "", "").state == "MISSING"
 
@@ -80,7 +87,7 @@ def test_a_refused_prepare_releases_the_others_and_retries() -> None:
 
 def test_an_infeasible_group_waits_and_removal_releases_and_kills() -> None:
     groups = PlacementGroups()
-    assert groups.create(spec(n=3), room(4, 4)) == []
+    assert [c for c in groups.create(spec(n=3), room(4, 4)) if isinstance(c, Send)] == []
     assert groups.lookup(1, b"p" * 16, "", "").state == "PENDING"
     created = PlacementGroups()
     created.create(spec(), room(2, 2))
@@ -129,3 +136,12 @@ def test_a_node_offers_bundles_once_committed_and_stops_their_users() -> None:
     commands = sched.release_bundles(pg)
     assert StopWorker(b"w" * 16) in commands and StopActor(b"x" * 16) in commands
     assert sched.available["CPU"] == 4.0 and not any(pg in k for k in sched.total)
+
+
+def test_a_recorded_group_is_restored_by_a_new_head() -> None:
+    groups = PlacementGroups()
+    groups.restore(spec(b"1" * 16), GroupState.CREATED, [A, B])
+    groups.restore(spec(b"2" * 16), GroupState.RESCHEDULING, [A])
+    assert groups.lookup(1, b"1" * 16, "", "").nodes == [A, B]
+    assert groups.groups[b"2" * 16].state is GroupState.PENDING  # placed again
+    assert any(isinstance(c, Send) for c in groups.place_pending(room(4, 4)))

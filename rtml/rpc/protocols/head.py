@@ -258,12 +258,14 @@ class PrepareBundles(Msg, tag=85):
 
     pg_id: bytes
     bundles: list[tuple[int, dict[str, float]]]
+    round: int = 0  # which placement of the group (an answer to an older one is stale)
 
 
 class BundlesPrepared(Msg, tag=86):
     pg_id: bytes
     node_id: bytes
     ok: bool
+    round: int = 0
 
 
 class CommitBundles(Msg, tag=87):
