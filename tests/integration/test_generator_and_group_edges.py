@@ -1,5 +1,7 @@
-"""Findings of the review of issue 19's work (generators, placement groups, max_calls,
-exit_actor, concurrency groups, JobConfig): each test fails on the code as reviewed."""
+"""Edges of generators, placement groups and max_calls that a review found broken (each
+failed before its fix): repeated and cancelled items leave nothing behind, a retiring
+worker is not leased again, what waits on a removed group fails, a group outlives a head
+restart."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Findings of the review of issue 19's work in the pure cores (placement groups)."""
+"""The head's placement groups when nodes die mid-placement: a removed group still being prepared is released, and an answer to an earlier placement round is not taken for the new one."""
 
 from __future__ import annotations
 
