@@ -1,4 +1,6 @@
-"""The head's placement groups when nodes die mid-placement: a removed group still being prepared is released, and an answer to an earlier placement round is not taken for the new one."""
+"""The head's placement groups when nodes die mid-placement: a removed group still being
+prepared is released, and an answer to an earlier placement round is not taken for the
+new one."""
 
 from __future__ import annotations
 
