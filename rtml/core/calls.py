@@ -54,9 +54,10 @@ def submit_call(rt: ClientRuntime, *, name: str, function_id: bytes, args: tuple
     if resources is not None or group or max_calls or capture:  # (rare: set apart)
         spec.resources, spec.concurrency_group = resources, group
         spec.max_calls, spec.capture_group = max_calls, capture
+    running = context.current_spec()  # the task submitting it, if any
     record = TaskRecord(spec, shape, max_retries, retry_exceptions, keep_alive or (),
                         return_ids, has_contained=bool(built.contained), key=key,
-                        parent=context.current_task())
+                        parent=None if running is None else running.task_id)
     if built.contained:
         rt.refs.send_holds(m.AddHolds, built.contained, task_id)
     if num_returns == 1:
@@ -77,3 +78,4 @@ def submit_call(rt: ClientRuntime, *, name: str, function_id: bytes, args: tuple
     refs = [ObjectRef(oid, rt.client_id) for oid in return_ids]
     rt.owner.submit(record, built.pending, built.error)
     return refs or None
+

@@ -128,7 +128,7 @@ class RemoteFunction(Exported):
     def _submit(self, call: _CallOptions, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self._check.check(args, kwargs)
         rt = context.require_runtime()
-        captured = context.captured_group()
+        captured = "" if rt.job_id else context.captured_group()  # (a driver's: none)
         if captured:
             call = call.captured_in(captured)
         if call.resolved_for is not rt:  # its runtime env: worked out once per runtime
