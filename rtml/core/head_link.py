@@ -7,8 +7,9 @@ restarts.
                      RECONNECT_MAX_DELAY s at most, for up to ``timeout`` s
     back             ``on_back()``'s messages go first (the runtime's: the actors this
                      process created, which the head that took over may not have heard
-                     of), then the last KILLS_KEPT kills (one written to a head that was
-                     stopped, then died, was never read; a kill is idempotent), then the
+                     of), then the last KILLS_KEPT kills and placement group creations
+                     and removals (one written to a head that was stopped, then died, was
+                     never read; each is idempotent), then the
                      requests still unanswered, then what queued, in order
     not back         ``on_gone(error, req_ids)``: every waiting request fails with
                      ``error``, and so does every later one; other messages are dropped
@@ -55,7 +56,7 @@ class HeadLink:
         self._lock = threading.Lock()
         self._unanswered: dict[int, m.Msg] = {}
         self._queued: list[m.Msg] = []
-        self._kills: deque[m.KillActor] = deque(maxlen=KILLS_KEPT)
+        self._kills: deque[m.Msg] = deque(maxlen=KILLS_KEPT)
         self.conn: Connection | None
         self.conn, self.reply = self._connect()
 
@@ -74,8 +75,9 @@ class HeadLink:
                 return
             if req_id:
                 self._unanswered[req_id] = msg
-            elif isinstance(msg, m.KillActor) and msg.no_restart:
-                self._kills.append(msg)
+            elif (isinstance(msg, m.KillActor) and msg.no_restart) or isinstance(
+                    msg, m.CreatePlacementGroup | m.RemovePlacementGroup):
+                self._kills.append(msg)  # (as a kill: a head that takes over hears it again)
             conn = self.conn
             if conn is None:
                 if not req_id:

@@ -69,6 +69,7 @@ Command = Send | KillGroupActors | Save
 @dataclass
 class PlacementGroups:
     groups: dict[bytes, Group] = field(default_factory=dict)
+    forgotten: set[bytes] = field(default_factory=set)  # held by nodes, never recorded
 
     def create(self, spec: m.CreatePlacementGroup, room: dict[bytes, Shape]) -> list[Command]:
         """A new group; ``room``: each live node's available resources (the head's view,
@@ -151,6 +152,20 @@ class PlacementGroups:
         self.groups[spec.pg_id] = Group(spec, state if created else GroupState.PENDING,
                                         nodes if created else [])
 
+    def node_back(self, node_id: bytes, held: list[bytes]) -> list[Command]:
+        """A node that rejoined a head that took over holds bundles of ``held``: those of
+        groups removed meanwhile (the release could not reach it) and of groups with no
+        record here (not written before the last head died; taken as removed, so nothing
+        waits on them) are released."""
+        commands: list[Command] = []
+        for pg_id in held:
+            group = self.groups.get(pg_id)
+            if group is None:
+                self.forgotten.add(pg_id)
+            if group is None or group.state is GroupState.REMOVED:
+                commands.append(Send(node_id, m.ReleaseBundles(pg_id)))
+        return commands
+
     def lookup(self, req_id: int, pg_id: bytes, name: str, namespace: str
                ) -> m.PlacementGroupInfo:
         group = self.groups.get(pg_id) if pg_id else self._named(name, namespace)
@@ -159,8 +174,10 @@ class PlacementGroups:
         return group.info(req_id)
 
     def removed(self, pg_hex: str) -> bool:
-        group = self.groups.get(bytes.fromhex(pg_hex))
-        return group is not None and group.state is GroupState.REMOVED
+        pg_id = bytes.fromhex(pg_hex)
+        group = self.groups.get(pg_id)
+        return (group is not None and group.state is GroupState.REMOVED) \
+            or pg_id in self.forgotten
 
     def _named(self, name: str, namespace: str) -> Group | None:
         for group in self.groups.values():

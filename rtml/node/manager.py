@@ -150,6 +150,7 @@ class NodeManager(Service):
         msg = m.RegisterNode(self.node_id, self.address, self.unix_path, self.sched.total,
                              str(self.session.root), self.transfer_address, rejoin=rejoin)
         if rejoin:
+            msg.groups = [bytes.fromhex(pg) for pg in self.sched.bundles]
             ready = {w.actor_id: w for w in self.workers.values() if w.actor_ready}
             for actor_id, spec in self.actor_specs.items():
                 worker = ready.get(actor_id)

@@ -184,3 +184,24 @@ def test_an_actor_created_in_a_removed_group_fails() -> None:
     actor = _InGroup.options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg)).remote()
     with pytest.raises(rtml.exceptions.ActorDiedError, match="removed"):
         rtml.get(actor.ping.remote(), timeout=20)  # GetTimeoutError: PENDING for ever
+
+
+def test_a_group_removed_while_the_head_restarts_is_freed(start_cluster) -> None:  # noqa: ANN001
+    """The removal is sent in the moment the head dies (unread by it): the head that
+    takes over hears it again, and the node that rejoins lets the bundle go."""
+    import signal
+
+    from rtml import api
+    from rtml.util import placement_group, remove_placement_group
+
+    start_cluster(num_cpus=2)
+    pg = placement_group([{"CPU": 1}])
+    assert pg.wait(30)
+    os.kill(api._embedded.supervisor.proc.pid, signal.SIGKILL)
+    remove_placement_group(pg)  # at once: written to a head that is gone
+
+    @rtml.remote(num_cpus=2)
+    def both_cpus() -> int:
+        return 2
+
+    assert rtml.get(both_cpus.remote(), timeout=40) == 2

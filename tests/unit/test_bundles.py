@@ -145,3 +145,13 @@ def test_a_recorded_group_is_restored_by_a_new_head() -> None:
     assert groups.lookup(1, b"1" * 16, "", "").nodes == [A, B]
     assert groups.groups[b"2" * 16].state is GroupState.PENDING  # placed again
     assert any(isinstance(c, Send) for c in groups.place_pending(room(4, 4)))
+
+
+def test_bundles_of_a_group_no_head_recorded_are_released_on_rejoin() -> None:
+    groups = PlacementGroups()
+    groups.restore(spec(b"1" * 16), GroupState.CREATED, [A])
+    commands = groups.node_back(A, [b"1" * 16, b"9" * 16])
+    assert commands == [Send(A, m.ReleaseBundles(b"9" * 16))]  # the known one is kept
+    assert groups.removed((b"9" * 16).hex()) and not groups.removed((b"1" * 16).hex())
+    groups.remove(b"1" * 16)  # while the node was away: it is told when it is back
+    assert Send(A, m.ReleaseBundles(b"1" * 16)) in groups.node_back(A, [b"1" * 16])

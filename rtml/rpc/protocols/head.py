@@ -40,6 +40,7 @@ class RegisterNode(Msg, tag=50):
     transfer_address: str = ""  # gRPC object transfer; sent later by NodeTransferReady
     rejoin: bool = False  # the head it registered with went away; this one took over
     actors: list[HostedActor] = []  # on rejoin: every actor it runs or is starting
+    groups: list[bytes] = []  # on rejoin: the placement groups it holds bundles of
 
 
 class NodeTransferReady(Msg, tag=64):
