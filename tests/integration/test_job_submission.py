@@ -9,7 +9,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import psutil
 import pytest
 
 from rtml.job_submission import JobStatus, JobSubmissionClient
+from tests.integration.test_cli import _free_port, _running
 
 CLI_TIMEOUT = 60.0
 
@@ -96,19 +96,6 @@ def _env(**extra: str) -> dict[str, str]:
 def rtml(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "rtml.cli.main", *args], cwd=cwd,
                           env=_env(), capture_output=True, text=True, timeout=CLI_TIMEOUT)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _running(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def _gone(pids: list[int], timeout: float = 5.0) -> bool:
