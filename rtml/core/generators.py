@@ -115,18 +115,26 @@ class ObjectRefGenerator:
         s; StopIteration once the task has ended and every item was taken."""
         return self._next(None if timeout is None else time.monotonic() + timeout)
 
+    def _take(self, wake: Callable[[], Any]) -> ObjectRef | None:
+        """The next item's ref if it came, else None with ``wake`` called at the stream's
+        next change. Raises StopIteration once the task ended and every item was taken."""
+        stream = self._stream
+        with self._rt.lock:
+            if stream.refs:
+                return stream.refs.popleft()
+            if stream.ended:
+                raise StopIteration
+            stream.waiters.append(wake)
+            return None
+
     def _next(self, deadline: float | None) -> ObjectRef:
-        rt, stream = self._rt, self._stream
         while True:
-            with rt.lock:
-                if stream.refs:
-                    return stream.refs.popleft()
-                if stream.ended:
-                    raise StopIteration
-                flag = Flag()
-                stream.waiters.append(flag.set)
+            flag = Flag()
+            ref = self._take(flag.set)
+            if ref is not None:
+                return ref
             try:
-                rt.block(flag, deadline, [self._next_id()])
+                self._rt.block(flag, deadline, [self._next_id()])
             except GetTimeoutError:
                 raise GetTimeoutError(f"generator task {self._task_id.hex()} yielded no item "
                                       f"within the timeout; it may still be running") from None
@@ -135,15 +143,14 @@ class ObjectRefGenerator:
         return self
 
     async def __anext__(self) -> ObjectRef:
-        rt, stream = self._rt, self._stream
         while True:
-            with rt.lock:
-                if stream.refs:
-                    return stream.refs.popleft()
-                if stream.ended:
-                    raise StopAsyncIteration
-                arrived: concurrent.futures.Future[None] = concurrent.futures.Future()
-                stream.waiters.append(_setter(arrived))
+            arrived: concurrent.futures.Future[None] = concurrent.futures.Future()
+            try:
+                ref = self._take(_setter(arrived))
+            except StopIteration:  # (raised in a coroutine, it would be a RuntimeError)
+                raise StopAsyncIteration from None
+            if ref is not None:
+                return ref
             await asyncio.wrap_future(arrived)
 
     def _next_id(self) -> bytes:

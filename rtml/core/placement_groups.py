@@ -91,13 +91,13 @@ def create(rt: Any, bundles: Any, strategy: str, name: str, lifetime: str | None
     shapes = [{k: float(v) for k, v in bundle.items()} for bundle in bundles]
     pg_id = random_id(PG_ID_SIZE)
     rt.head.send(m.CreatePlacementGroup(pg_id, shapes, strategy, name, rt.config.namespace,
-                                        rt.job_id or _current_job(), lifetime == "detached"))
+                                        rt.job_id or context.current_job(), lifetime == "detached"))
     return PlacementGroup(pg_id, shapes)
 
 
 def info(rt: Any, pg_id: bytes = b"", name: str = "") -> m.PlacementGroupInfo:
     reply: m.PlacementGroupInfo = rt.request(rt.head, lambda req_id: m.GetPlacementGroup(
-        req_id, pg_id, name, rt.config.namespace, rt.job_id or _current_job()),
+        req_id, pg_id, name, rt.config.namespace, rt.job_id or context.current_job()),
         rt.head.timeout)
     return reply
 
@@ -115,7 +115,3 @@ def current() -> PlacementGroup | None:
         actor.spec.shape if actor is not None else None)
     pg_hex = group_of(resources) if resources else ""
     return PlacementGroup(bytes.fromhex(pg_hex), None) if pg_hex else None
-
-
-def _current_job() -> bytes:
-    return context.current_job()

@@ -36,6 +36,8 @@ class Group:
     waiting: set[bytes] = field(default_factory=set)  # nodes still to answer a prepare
     refused: bool = False  # a node answered no: released once all have answered
     round: int = 0  # placements tried: an answer to an earlier one is stale
+    held_by: set[bytes] = field(default_factory=set)  # nodes that said, on rejoining a
+    # head that took over, they hold its bundles (where it was placed may not be known)
 
     def info(self, req_id: int) -> m.PlacementGroupInfo:
         spec = self.spec
@@ -114,9 +116,9 @@ class PlacementGroups:
             return []
         group.state = GroupState.REMOVED
         commands: list[Command] = [KillGroupActors(pg_id.hex()), Save(group)]
-        if not group.waiting:  # else released once the prepares are answered
-            commands += [Send(n, m.ReleaseBundles(pg_id)) for n in sorted(set(group.nodes))]
-        return commands
+        holders = group.held_by if group.waiting else group.held_by | set(group.nodes)
+        # (those still preparing are released once they answer)
+        return commands + [Send(n, m.ReleaseBundles(pg_id)) for n in sorted(holders)]
 
     def job_ended(self, job_id: bytes) -> list[Command]:
         commands: list[Command] = []
@@ -156,7 +158,7 @@ class PlacementGroups:
         """A node that rejoined a head that took over holds bundles of ``held``: those of
         groups removed meanwhile (the release could not reach it) and of groups with no
         record here (not written before the last head died; taken as removed, so nothing
-        waits on them) are released."""
+        waits on them) are released; the others' are noted, for their removal."""
         commands: list[Command] = []
         for pg_id in held:
             group = self.groups.get(pg_id)
@@ -164,6 +166,8 @@ class PlacementGroups:
                 self.forgotten.add(pg_id)
             if group is None or group.state is GroupState.REMOVED:
                 commands.append(Send(node_id, m.ReleaseBundles(pg_id)))
+            else:
+                group.held_by.add(node_id)
         return commands
 
     def lookup(self, req_id: int, pg_id: bytes, name: str, namespace: str

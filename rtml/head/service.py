@@ -480,13 +480,6 @@ class HeadService(Service):
                 self._save_group(command.group)
             else:
                 self._carry_out(self.actors.group_removed(command.pg_hex))
-                # Every node lets go of the group's bundles, not only those it was placed
-                # on: after a head restart that placement may not be known (a release of
-                # a group a node does not hold does nothing).
-                release = m.ReleaseBundles(bytes.fromhex(command.pg_hex))
-                for node in self.nodes.values():
-                    if node.alive:
-                        node.peer.send(release)
                 suffix = f"_{command.pg_hex}"
                 gone = [r for r in self.sched.pending
                         if any(name.endswith(suffix) for name in r.shape)]
