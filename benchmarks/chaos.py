@@ -170,11 +170,11 @@ def noop() -> None:
 
 def redis_memory(n_tasks: int) -> dict[str, Any]:
     from rtml.config import TRIM_INTERVAL
-    from rtml.core import context
+    from rtml.core import current
 
     rtml.init(num_cpus=2)
     try:
-        plane = context.require_runtime().plane
+        plane = current.require_runtime().plane
         rtml.get([noop.remote() for _ in range(1000)])
         before = plane.memory_used()
         marks = []
@@ -182,7 +182,7 @@ def redis_memory(n_tasks: int) -> dict[str, Any]:
             rtml.get([noop.remote() for _ in range(min(10_000, n_tasks - done))])
             if done % (n_tasks // 4 or 1) < 10_000:
                 marks.append(plane.memory_used())
-        context.require_runtime().writer.flush()
+        current.require_runtime().writer.flush()
         time.sleep(TRIM_INTERVAL + 1)  # the head's next trim
         after = plane.memory_used()
         return {"name": "redis memory", "tasks": n_tasks, "before_mb": round(before / 1e6, 1),

@@ -18,7 +18,7 @@ from typing import Any
 
 from rtml import cluster
 from rtml.config import JOB_RUNTIME_ENV, NodeConfig, default_object_store_memory
-from rtml.core import context
+from rtml.core import context, current
 from rtml.core import runtime_env as envs
 from rtml.core.actors import ActorClass, ActorHandle, handle_of
 from rtml.core.generators import ObjectRefGenerator
@@ -102,7 +102,7 @@ def init(address: str | None = None, *, num_cpus: float | None = None,
     if _node_timeout_s is not None:
         check_timeout("_node_timeout_s", _node_timeout_s)
     with _init_lock:
-        if context.get_runtime() is not None:
+        if current.get_runtime() is not None:
             if ignore_reinit_error and _context is not None:
                 return _context
             raise RuntimeError("rtml.init() was already called; call rtml.shutdown() first "
@@ -130,7 +130,7 @@ def init(address: str | None = None, *, num_cpus: float | None = None,
                       namespace or f"anonymous-{uuid.uuid4()}", bool(log_to_driver), job)
         if job_env.env:
             _use_job_env(rt, job_env)
-        context.set_runtime(rt)
+        current.set_runtime(rt)
         _defer_ctrl_c(rt)
         _context = InitContext({"address": head_address, "gcs_address": head_address,
                                 "node_id": rt.node_id.hex(),
@@ -278,11 +278,11 @@ def shutdown() -> None:
     """Disconnect; stop the embedded cluster if ``init`` started one."""
     global _context
     with _init_lock:
-        rt = context.get_runtime()
+        rt = current.get_runtime()
         if rt is not None:
             if rt.config.log_to_driver:
                 rt.flush_output(OUTPUT_FLUSH_TIMEOUT)  # the last prints of its tasks
-            context.set_runtime(None)
+            current.set_runtime(None)
             rt.close()
         _restore_ctrl_c()
         _context = None
@@ -300,11 +300,11 @@ def _auto_init() -> None:
     init(ignore_reinit_error=True)
 
 
-context.set_auto_init(_auto_init)
+current.set_auto_init(_auto_init)
 
 
 def is_initialized() -> bool:
-    return context.get_runtime() is not None
+    return current.get_runtime() is not None
 
 
 def remote(*args: Any, **options: Any) -> Any:
@@ -347,7 +347,7 @@ def _seconds(timeout: float | None, what: str) -> float | None:
 
 def get(refs: Any, *, timeout: float | None = None) -> Any:
     """Block for the value(s) of ``refs``; raises the task's error or GetTimeoutError."""
-    rt = context.require_runtime()
+    rt = current.require_runtime()
     ref_list, single = _as_refs(refs, "get()")
     values = rt.get(ref_list, None if timeout is None else _seconds(timeout, "get()"))
     return values[0] if single else values
@@ -355,7 +355,7 @@ def get(refs: Any, *, timeout: float | None = None) -> Any:
 
 def put(value: Any) -> ObjectRef:
     """Store ``value`` in the cluster; returns its ref."""
-    return context.require_runtime().put(value)
+    return current.require_runtime().put(value)
 
 
 def wait(refs: list[ObjectRef], *, num_returns: int = 1, timeout: float | None = None,
@@ -365,7 +365,7 @@ def wait(refs: list[ObjectRef], *, num_returns: int = 1, timeout: float | None =
     With ``fetch_local`` (the default, as in Ray) a ref counts as ready once its value
     is on this node: objects held by other nodes are pulled here meanwhile.
     """
-    rt = context.require_runtime()
+    rt = current.require_runtime()
     if isinstance(refs, ObjectRef) or not isinstance(refs, (list, tuple)):
         raise TypeError(f"wait() takes a list of ObjectRefs, got {type(refs).__name__}")
     ref_list, _ = _as_refs(refs, "wait()") if refs else ([], False)
@@ -398,14 +398,14 @@ def cancel(ref: ObjectRef | ObjectRefGenerator, *, force: bool = False,
     if not isinstance(ref, (ObjectRef, ObjectRefGenerator)):
         raise TypeError(f"cancel() takes an ObjectRef or an ObjectRefGenerator, got "
                         f"{type(ref).__name__}")
-    context.require_runtime().owner.cancel(ref.task_id(), bool(force), bool(recursive))
+    current.require_runtime().owner.cancel(ref.task_id(), bool(force), bool(recursive))
 
 
 def kill(actor: ActorHandle, *, no_restart: bool = True) -> None:
     """Kill an actor; its pending and later calls raise ActorDiedError."""
     if not isinstance(actor, ActorHandle):
         raise TypeError(f"kill() takes an ActorHandle, got {type(actor).__name__}")
-    rt = context.require_runtime()
+    rt = current.require_runtime()
     rt.head.send(m.KillActor(actor._actor_id, no_restart))
     if no_restart:
         with rt.lock:
@@ -420,10 +420,10 @@ def get_actor(name: str, namespace: str | None = None) -> ActorHandle:
                          f"non-empty str), got {name!r}")
     if namespace is not None and not isinstance(namespace, str):
         raise TypeError(f"get_actor()'s namespace must be a str or None, got {namespace!r}")
-    rt = context.require_runtime()
+    rt = current.require_runtime()
     ns = rt.config.namespace if namespace is None else namespace  # a worker's: its job's
     job_id = rt.job_id or context.current_job()
-    info: m.ActorInfo = rt.request(rt.head, lambda req_id: m.GetActorInfo(
+    info: m.ActorInfo = rt.links.request(rt.head, lambda req_id: m.GetActorInfo(
         req_id, b"", name=name, namespace=ns, wait_ready=False, job_id=job_id),
         rt.head.timeout)
     if info.state in ("MISSING", "DEAD") or info.spec is None:
@@ -436,9 +436,9 @@ def list_named_actors(all_namespaces: bool = False) -> list[Any]:
     """The names of the live named actors in this job's namespace; with
     ``all_namespaces``, ``{"name": ..., "namespace": ...}`` for every namespace's (as
     Ray's ``ray.util.list_named_actors``)."""
-    rt = context.require_runtime()
+    rt = current.require_runtime()
     job_id = rt.job_id or context.current_job()  # a worker's namespace: its job's
-    reply: m.NamedActors = rt.request(rt.head, lambda req_id: m.ListNamedActors(
+    reply: m.NamedActors = rt.links.request(rt.head, lambda req_id: m.ListNamedActors(
         req_id, rt.config.namespace, bool(all_namespaces), job_id), rt.head.timeout)
     if all_namespaces:
         return [{"name": name, "namespace": ns} for ns, name in reply.names]
@@ -448,7 +448,7 @@ def list_named_actors(all_namespaces: bool = False) -> list[Any]:
 def get_node_ip_address() -> str:
     """The address of this process's node (where it listens for other nodes); the
     machine's address on its default route before ``init``."""
-    rt = context.get_runtime()
+    rt = current.get_runtime()
     return rt.node_ip if rt is not None else cluster.detect_node_ip()
 
 
@@ -462,8 +462,8 @@ def _handle_from_spec(rt: ClientRuntime, spec: m.ActorSpec) -> ActorHandle:
 
 def nodes() -> list[dict[str, Any]]:
     """Every node: NodeID, Alive, NodeManagerAddress, Resources."""
-    rt = context.require_runtime()
-    info: m.ClusterInfo = rt.request(rt.head, lambda req_id: m.GetClusterInfo(req_id),
+    rt = current.require_runtime()
+    info: m.ClusterInfo = rt.links.request(rt.head, lambda req_id: m.GetClusterInfo(req_id),
                                      rt.head.timeout)
     return [n.as_ray() for n in info.nodes]
 
@@ -488,7 +488,7 @@ def _sum_resources(field: str) -> dict[str, float]:
 
 
 def get_runtime_context() -> RuntimeContext:
-    return RuntimeContext(context.require_runtime())
+    return RuntimeContext(current.require_runtime())
 
 
 def get_gpu_ids() -> list[int]:
@@ -499,7 +499,7 @@ def get_gpu_ids() -> list[int]:
 
 def timeline(filename: str | None = None) -> list[dict[str, Any]]:
     """Chrome-trace events of this job's finished tasks (also written to ``filename``)."""
-    rt = context.require_runtime()
+    rt = current.require_runtime()
     rt.owner.settle()
     rt.writer.flush()
     events = []
@@ -519,8 +519,8 @@ def timeline(filename: str | None = None) -> list[dict[str, Any]]:
 
 def _store_stats() -> dict[str, int]:
     """The local node's object-store counters (for tests and benchmarks)."""
-    rt = context.require_runtime()
-    reply: m.StoreStatsReply = rt.request(rt.nm, lambda req_id: m.StoreStats(req_id))
+    rt = current.require_runtime()
+    reply: m.StoreStatsReply = rt.links.request(rt.nm, lambda req_id: m.StoreStats(req_id))
     return reply.stats
 
 

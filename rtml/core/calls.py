@@ -71,7 +71,7 @@ def submit_call(rt: ClientRuntime, *, name: str, function_id: bytes, args: tuple
         return ref
     if num_returns == m.STREAMING:
         stream = record.stream = Stream()
-        generator = ObjectRefGenerator(rt, task_id, stream, ObjectRef(return_ids[0],
+        generator = ObjectRefGenerator(rt.links, task_id, stream, ObjectRef(return_ids[0],
                                                                       rt.client_id))
         rt.owner.submit(record, built.pending, built.error)
         return generator

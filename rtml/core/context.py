@@ -1,50 +1,17 @@
-"""The process's current runtime and the per-task runtime context."""
+"""The per-task runtime context: the task (or actor call) running, its job, this actor.
+
+The process's runtime itself is :mod:`rtml.core.current`'s."""
 
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from rtml.rpc import messages as m
 
-if TYPE_CHECKING:
-    from rtml.core.runtime import ClientRuntime
-
-_runtime: ClientRuntime | None = None
-_auto_init: Callable[[], object] | None = None
 _task: contextvars.ContextVar[m.TaskSpec | None] = contextvars.ContextVar("rtml_task",
                                                                          default=None)
 """The spec of the task (or actor call) running: per thread and per asyncio task, so
 concurrent actor calls each see their own."""
-
-
-def set_runtime(runtime: ClientRuntime | None) -> None:
-    global _runtime
-    _runtime = runtime
-
-
-def get_runtime() -> ClientRuntime | None:
-    return _runtime
-
-
-def set_auto_init(start: Callable[[], object] | None) -> None:
-    """What :func:`require_runtime` calls in a driver that has not called ``init``: it
-    starts or joins a cluster (``rtml.api``'s, as Ray's auto-init)."""
-    global _auto_init
-    _auto_init = start
-
-
-def require_runtime() -> ClientRuntime:
-    """The connected runtime, started by the auto-init hook on first use if need be.
-    Raises RuntimeError telling the user to call init() if there is none."""
-    runtime = _runtime
-    if runtime is None and _auto_init is not None:
-        _auto_init()
-        runtime = _runtime
-    if runtime is None:
-        raise RuntimeError("rtml is not initialized; call rtml.init() first")
-    return runtime
 
 
 set_current_task = _task.set

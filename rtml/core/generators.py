@@ -19,21 +19,13 @@ import concurrent.futures
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Any
 
+from rtml.core.links import ClientLinks
 from rtml.core.object_ref import ObjectRef
 from rtml.exceptions import GetTimeoutError
 from rtml.ids import TaskID, object_id_for
 from rtml.rpc.reactor import Flag
-
-
-class Runtime(Protocol):
-    """What a generator needs of its owner's runtime."""
-
-    lock: Any
-
-    def block(self, done: Flag, deadline: float | None, ids: list[bytes],
-              spin: bool = False) -> None: ...
 
 
 class Stream:
@@ -97,9 +89,9 @@ class ObjectRefGenerator:
     ``async for``); ``rtml.get(ref)`` raises the task's error at the item where it
     failed. ``rtml.cancel(gen)`` stops the task."""
 
-    def __init__(self, rt: Runtime, task_id: bytes, stream: Stream,
+    def __init__(self, links: ClientLinks, task_id: bytes, stream: Stream,
                  completed: ObjectRef) -> None:
-        self._rt = rt
+        self._links = links
         self._task_id = task_id
         self._stream = stream
         self._completed = completed
@@ -119,7 +111,7 @@ class ObjectRefGenerator:
         """The next item's ref if it came, else None with ``wake`` called at the stream's
         next change. Raises StopIteration once the task ended and every item was taken."""
         stream = self._stream
-        with self._rt.lock:
+        with self._links.lock:
             if stream.refs:
                 return stream.refs.popleft()
             if stream.ended:
@@ -134,7 +126,7 @@ class ObjectRefGenerator:
             if ref is not None:
                 return ref
             try:
-                self._rt.block(flag, deadline, [self._next_id()])
+                self._links.block(flag, deadline, [self._next_id()])
             except GetTimeoutError:
                 raise GetTimeoutError(f"generator task {self._task_id.hex()} yielded no item "
                                       f"within the timeout; it may still be running") from None
@@ -162,7 +154,7 @@ class ObjectRefGenerator:
 
     def is_finished(self) -> bool:
         """Whether the task has ended and every item was taken."""
-        with self._rt.lock:
+        with self._links.lock:
             return self._stream.ended and not self._stream.refs
 
     def task_id(self) -> TaskID:

@@ -20,11 +20,15 @@ from rtml.ids import JobID, TaskID, job_of, task_of
 
 _counter: Any = None
 """The runtime's reference counter (set by the runtime; None before ``init``)."""
+_futures: Any = None
+"""The runtime's maker of a ref's future (``ClientRuntime.future``)."""
 
 
-def set_counter(counter: Any) -> None:
-    global _counter
-    _counter = counter
+def set_counter(counter: Any, futures: Any = None) -> None:
+    """Count refs with ``counter`` and make their futures with ``futures`` (None: the
+    runtime is gone)."""
+    global _counter, _futures
+    _counter, _futures = counter, futures
 
 
 class ObjectRef:
@@ -88,7 +92,7 @@ class ObjectRef:
 
     def future(self) -> concurrent.futures.Future[Any]:
         """A ``concurrent.futures.Future`` resolved with this object's value."""
-        return _counter.future(self)
+        return _futures(self)
 
     def __await__(self) -> Generator[Any, None, Any]:
         return asyncio.wrap_future(self.future()).__await__()

@@ -25,23 +25,24 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from rtml.control_plane import RAN, SUBMITTED
-from rtml.core.actors import ActorCaller, ActorLives
+from rtml.control_plane import RAN, SUBMITTED, BatchedWriter
+from rtml.core.actor_caller import ActorCaller, ActorLives
 from rtml.core.generators import DynamicObjectRefGenerator
-from rtml.core.memory_store import IN_STORE, Entry, StoredError
+from rtml.core.links import ClientLinks
+from rtml.core.memory_store import IN_STORE, Entry, MemoryStore, StoredError
 from rtml.core.object_ref import ObjectRef
-from rtml.core.serialization import from_payload, serialize
-from rtml.core.submitter import TaskRecord
-from rtml.exceptions import ObjectLostError, RtmlSystemError, TaskCancelledError
+from rtml.core.references import ReferenceCounter
+from rtml.core.serialization import Serialized, from_payload, serialize
+from rtml.core.shared_objects import SharedObjects
+from rtml.core.submitter import TaskSubmitter
+from rtml.core.tasks import TaskEvents, TaskRecord
+from rtml.exceptions import ObjectLostError, TaskCancelledError
 from rtml.ids import TaskID, object_id_for, task_of
 from rtml.rpc import messages as m
+from rtml.rpc.reactor import Connection
 from rtml.scheduler.strategy import parse_affinity
-
-if TYPE_CHECKING:
-    from rtml.core.runtime import ClientRuntime
-    from rtml.rpc.reactor import Connection
 
 log = logging.getLogger(__name__)
 
@@ -49,16 +50,29 @@ _Outcome = tuple[TaskRecord, "m.TaskResult | dict[str, Any]"]
 """A done task, with its result or (if it failed here) its outcome record."""
 
 
-class TaskOwner:
-    """Tasks and actor calls this process submitted, from submission to their results."""
+class TaskOwner(TaskEvents):
+    """Tasks and actor calls this process submitted, from submission to their results,
+    and the objects it owns: their values, as they come, and their reference counts.
 
-    def __init__(self, runtime: ClientRuntime) -> None:
-        self.rt = runtime
+    It owns the task table, the lineage of settled tasks, and the parts that run its
+    tasks and count its refs, which it builds with itself as their ``TaskEvents``:
+    ``submitter`` (tasks on leased workers), one ``ActorCaller`` per actor called,
+    ``refs`` (reference counts and holds) and ``lives`` (the actors it created).
+    """
+
+    def __init__(self, links: ClientLinks, store: MemoryStore, shared: SharedObjects,
+                 writer: BatchedWriter, exported: dict[bytes, bytes]) -> None:
+        self.links = links
+        self.store = store
+        self.shared = shared
+        self.writer = writer
         self.tasks: dict[bytes, TaskRecord] = {}  # by task id, from submit until settled
         self.lineage: dict[bytes, TaskRecord] = {}  # settled, by task id: returns in shm
         self._callers: dict[bytes, ActorCaller] = {}  # this process's, by actor id
-        self.lives = ActorLives(runtime)
         self._unsettled: deque[list[_Outcome]] = deque()  # done, bookkeeping not yet run
+        self.submitter = TaskSubmitter(links, self, exported)
+        self.lives = ActorLives(links, self)
+        self.refs = ReferenceCounter(links, store, shared, self, self.lives)
 
     def submit(self, record: TaskRecord, pending: list[tuple[int, ObjectRef]],
                error: m.Payload | None = None) -> None:
@@ -67,69 +81,69 @@ class TaskOwner:
         ``error``: an argument already failed, so the task fails with that error.
         Raises RtmlSystemError if the node manager is gone.
         """
-        rt = self.rt
+        links = self.links
         spec = record.spec
-        if rt.nm.closed:
-            raise rt.nm_gone()
+        if links.nm.closed:
+            raise links.nm_gone()
         # Reference changes queued meanwhile are applied when finished tasks are settled,
         # before unreferenced returns are freed, and by get/wait: not once per submission.
         direct: Connection | None = None  # an actor's: the call goes at once, on it
-        with rt.lock:
+        with links.lock:
             self.tasks[spec.task_id] = record
             record.deps = len(pending)
             arrived: list[tuple[Callable[[bytes], None], bytes]] = []
             if error is None:
                 for index, ref in pending:
                     ready = self._dep_ready(record, index, ref)
-                    if ref.id in rt.store.entries:  # finished since the args were built
+                    if ref.id in self.store.entries:  # finished since the args were built
                         arrived.append((ready, ref.id))
                     else:
-                        rt.store.add_waiter(ref.id, ready)
+                        self.store.add_waiter(ref.id, ready)
                 if spec.actor_id:
                     direct = self.caller(spec.actor_id, record.max_retries).call(record)
                 elif not record.deps:
-                    rt.submitter.enqueue(record)
+                    self.submitter.enqueue(record)
         if direct is not None:
             direct.send(m.PushTask(spec))
         for ready, object_id in arrived:
             ready(object_id)
-        rt.flush_sends()
+        links.flush_sends()
         # Recorded once the task is on its way (off the path to the worker). Its final
         # status may then be written first: reading merges keep a final status.
-        rt.writer.submit_task((SUBMITTED, spec.task_id, spec.name, spec.job_id, rt.client_id,
+        self.writer.submit_task((SUBMITTED, spec.task_id, spec.name, spec.job_id, links.client_id,
                                spec.function_id, time.time()))
         if error is not None:
             self.fail_task(record, payload=error)
 
     def _dep_ready(self, record: TaskRecord, index: int,
                    ref: ObjectRef) -> Callable[[bytes], None]:
-        rt = self.rt
+        links = self.links
 
         def ready(_: bytes) -> None:
-            with rt.lock:
+            with links.lock:
                 if record.done:
                     return
-                entry = rt.store.get(ref.id)
+                entry = self.store.get(ref.id)
                 if isinstance(entry, m.Payload) and entry.is_error:
                     error = entry
                 else:
                     error = None
                     args = record.spec.args
                     record.spec.args = (*args[:index],
-                                        resolved_arg(ref, entry, rt.refs.location_of(ref.id)),
+                                        resolved_arg(ref, entry, self.refs.location_of(ref.id)),
                                         *args[index + 1:])
                     record.deps -= 1
                     if record.spec.actor_id:
                         self.caller(record.spec.actor_id, record.max_retries).flush()
                     elif record.deps == 0 and not record.cancelled:
-                        rt.submitter.enqueue(record)
-            rt.flush_sends()
+                        self.submitter.enqueue(record)
+            links.flush_sends()
             if error is not None:
                 self.fail_task(record, payload=error)
                 if record.spec.actor_id:  # let the calls queued behind it go
-                    with rt.lock:
+                    with links.lock:
                         self.caller(record.spec.actor_id, record.max_retries).flush()
-                    rt.flush_sends()
+                    links.flush_sends()
         return ready
 
     def should_retry_exception(self, record: TaskRecord, msg: m.TaskResult) -> bool:
@@ -149,7 +163,7 @@ class TaskOwner:
     def complete_tasks(self, done: list[tuple[TaskRecord, m.TaskResult]]) -> None:
         """Store the returns of finished tasks and wake their getters (on the thread leading
         the I/O loop); the rest of their bookkeeping waits for the loop's next iteration."""
-        here = self.rt.node_id
+        here = self.links.node_id
         entries: list[tuple[bytes, Entry]] = []
         finished: list[_Outcome] = []
         streams: list[tuple[TaskRecord, m.TaskResult]] = []
@@ -174,14 +188,14 @@ class TaskOwner:
                 if ret.contained:  # the worker's node manager holds its refs for it
                     self._holds_at(ret.object_id, b"" if msg.node_id == here else msg.node_id)
                 entries.append((ret.object_id, ret.value))
-        for callback, object_id in self.rt.set_entries(entries):
+        for callback, object_id in self.set_entries(entries):
             callback(object_id)  # wake getters first; bookkeeping can wait
         for record, msg in streams:
             self._end_stream(record, msg.returns[0].value if msg.returns[0].is_error else None)
         unsettled = self._mark_done(finished)
         if unsettled:
             self._unsettled.append(unsettled)
-            self.rt.reactor.call_idle(self.settle)
+            self.links.reactor.call_idle(self.settle)
 
     def settle(self) -> None:
         """Finish the bookkeeping of the tasks completed so far: forget their records and
@@ -202,14 +216,14 @@ class TaskOwner:
             self._settle(finished)
 
     def _holds_at(self, object_id: bytes, node_id: bytes) -> None:
-        with self.rt.lock:
-            self.rt.store.has_contained[object_id] = node_id
+        with self.links.lock:
+            self.store.has_contained[object_id] = node_id
 
     def _entries_of(self, returns: Sequence[m.ReturnObject], node_id: bytes,
                     entries: list[tuple[bytes, Entry]]) -> None:
         """Add the memory-store entries of ``returns``, made on ``node_id``, to
         ``entries``; those stored on another node are held there for us."""
-        here = self.rt.node_id
+        here = self.links.node_id
         if node_id != here:
             self._hold_remote_results(returns, node_id)
         for ret in returns:
@@ -225,8 +239,40 @@ class TaskOwner:
         remote = [ret.object_id for ret in returns if ret.value is None]
         if remote:
             for object_id in remote:
-                self.rt.refs.locations[object_id] = node_id
-            self.rt.nm.send(m.AddHolds(remote, self.rt.client_id, node_id))
+                self.refs.locations[object_id] = node_id
+            self.links.nm.send(m.AddHolds(remote, self.links.client_id, node_id))
+
+    # -- owned values --------------------------------------------------------------------------
+
+    def set_entries(self, entries: list[tuple[bytes, Entry]]
+                    ) -> list[tuple[Callable[[bytes], Any], bytes]]:
+        """Store owned objects' values; returns their waiters (each with its object's id),
+        to call without the lock. One pickled before its value existed is shared now."""
+        escaped = self.refs.escaped_pending
+        with self.links.lock:
+            callbacks = self.store.put(entries)
+            if escaped:
+                for object_id, entry in entries:
+                    if object_id in escaped:
+                        escaped.discard(object_id)
+                        if isinstance(entry, m.Payload):  # (else it is in shared memory)
+                            self.refs.promote(object_id, entry)
+        return callbacks
+
+    def keep_inline(self, object_id: bytes, value: Any
+                    ) -> list[tuple[Callable[[bytes], Any], bytes]]:
+        """Keep ``value`` as owned object ``object_id`` in memory (its refs held for it),
+        however large; returns its waiters, to call without the lock."""
+        ser = serialize(value)
+        self.hold_contained(object_id, ser)
+        return self.set_entries([(object_id, ser.to_payload(False))])
+
+    def hold_contained(self, container_id: bytes, ser: Serialized) -> None:
+        """Hold the refs inside a value for the owned object ``container_id``."""
+        if ser.contained:
+            self.refs.send_holds(m.AddHolds, [r.id for r in ser.contained], container_id)
+            with self.links.lock:
+                self.store.has_contained[container_id] = b""
 
     # -- generator tasks: items as they are yielded -------------------------------------------
 
@@ -235,7 +281,7 @@ class TaskOwner:
         handed to the tasks' streams. An item a retried task yields again is skipped."""
         fresh: list[tuple[Any, m.GeneratorItem]] = []
         repeated: list[m.ReturnObject] = []
-        with self.rt.lock:
+        with self.links.lock:
             for msg in items:
                 record = self.tasks.get(msg.task_id)
                 stream = record.stream if record is not None else None
@@ -249,39 +295,39 @@ class TaskOwner:
             return
         entries: list[tuple[bytes, Entry]] = []
         self._entries_of([msg.item for _, msg in fresh], node_id, entries)
-        for callback, object_id in self.rt.set_entries(entries):
+        for callback, object_id in self.set_entries(entries):
             callback(object_id)
-        refs = [(stream, ObjectRef(msg.item.object_id, self.rt.client_id))
+        refs = [(stream, ObjectRef(msg.item.object_id, self.links.client_id))
                 for stream, msg in fresh]
-        with self.rt.lock:
+        with self.links.lock:
             for stream, ref in refs:
                 stream.add(ref)
 
     def _let_go_repeated(self, items: list[m.ReturnObject], node_id: bytes) -> None:
         """Items skipped (a retry's repeats, or a task no longer ours): what their worker
         holds for us on ``node_id`` is released, unless it is the copy we still hold."""
-        rt = self.rt
-        here = node_id in (b"", rt.node_id)
-        with rt.lock:
+        links = self.links
+        here = node_id in (b"", links.node_id)
+        with links.lock:
             ours = {ret.object_id for ret in items if ret.value is None
-                    and rt.store.entries.get(ret.object_id) is IN_STORE
-                    and rt.refs.location_of(ret.object_id) == (rt.node_id if here else node_id)}
+                    and self.store.entries.get(ret.object_id) is IN_STORE
+                    and self.refs.location_of(ret.object_id) == (links.node_id if here else node_id)}
         stored = [ret.object_id for ret in items if ret.value is None
                   and ret.object_id not in ours]
         if stored and here:
-            rt.nm.send(m.ReleaseHolds(stored, rt.client_id))
+            links.nm.send(m.ReleaseHolds(stored, links.client_id))
         elif stored:  # held there by our node manager for us: through it, as a release is
-            rt.nm.send(m.AddHolds(stored, rt.client_id, node_id))
-            rt.nm.send(m.ReleaseHolds(stored, rt.client_id, node_id))
+            links.nm.send(m.AddHolds(stored, links.client_id, node_id))
+            links.nm.send(m.ReleaseHolds(stored, links.client_id, node_id))
         for ret in items:
             if ret.contained and ret.object_id not in ours:
-                rt.nm.send(m.ReleaseHolder(ret.object_id, b"" if here else node_id))
+                links.nm.send(m.ReleaseHolder(ret.object_id, b"" if here else node_id))
 
     def _end_stream(self, record: TaskRecord, error: m.Payload | None) -> None:
         """A generator task ended; a failure is its stream's last item, so the consumer
         meets it where the task stopped."""
         stream = record.stream
-        with self.rt.lock:
+        with self.links.lock:
             if stream.ended:  # (a result and a failure may race)
                 return
             index = stream.received
@@ -289,16 +335,16 @@ class TaskOwner:
                 stream.accept(index)
         if error is not None:
             object_id = object_id_for(TaskID(record.spec.task_id), index + 2)
-            for callback, oid in self.rt.set_entries([(object_id, error)]):
+            for callback, oid in self.set_entries([(object_id, error)]):
                 callback(oid)
-            ref = ObjectRef(object_id, self.rt.client_id)
-            with self.rt.lock:
+            ref = ObjectRef(object_id, self.links.client_id)
+            with self.links.lock:
                 stream.add(ref)
-        with self.rt.lock:
+        with self.links.lock:
             stream.end()
             refs = list(stream.refs) if record.dynamic and error is None else None
         if refs is not None:  # num_returns="dynamic": the task's return is its items' refs
-            for callback, oid in self.rt.keep_inline(record.return_ids[0],
+            for callback, oid in self.keep_inline(record.return_ids[0],
                                                      DynamicObjectRefGenerator(refs)):
                 callback(oid)
 
@@ -308,7 +354,7 @@ class TaskOwner:
         if payload is None:
             assert error is not None, "fail_task needs an error or a stored error payload"
             payload = serialize(StoredError(error)).to_payload(is_error=True)
-        callbacks = self.rt.set_entries([(object_id, payload) for object_id in record.return_ids])
+        callbacks = self.set_entries([(object_id, payload) for object_id in record.return_ids])
         if record.stream is not None:
             self._end_stream(record, payload)
         self._settle(self._mark_done([(record, {
@@ -319,7 +365,7 @@ class TaskOwner:
 
     def _mark_done(self, finished: list[_Outcome]) -> list[_Outcome]:
         """Mark tasks done (once: a result and a failure may race); those newly done."""
-        with self.rt.lock:
+        with self.links.lock:
             finished = [(record, outcome) for record, outcome in finished if not record.done]
             for record, _ in finished:
                 record.done = True
@@ -327,21 +373,21 @@ class TaskOwner:
 
     def _settle(self, finished: list[_Outcome]) -> None:
         """Forget done tasks; each with its result, or its outcome record (lineage)."""
-        rt = self.rt
+        links = self.links
         tasks = self.tasks
         lineage = self.lineage
-        with rt.lock:
+        with links.lock:
             for record, outcome in finished:
                 tasks.pop(record.spec.task_id, None)
                 record.keep_alive = ()
                 if not isinstance(outcome, dict) and _in_store(outcome):
                     lineage[record.spec.task_id] = record  # to rebuild those returns
-        submit = rt.writer.submit_task
+        submit = self.writer.submit_task
         for record, outcome in finished:
             if record.has_contained:
-                rt.nm.send(m.ReleaseHolder(record.spec.task_id))  # releases remote holds too
+                links.nm.send(m.ReleaseHolder(record.spec.task_id))  # releases remote holds too
             submit(outcome if isinstance(outcome, dict) else _lineage(record, outcome))
-        refs = rt.refs
+        refs = self.refs
         if refs.refops:
             refs.process_refops()
         refs.free_unreferenced([oid for record, _ in finished for oid in record.return_ids])
@@ -353,14 +399,14 @@ class TaskOwner:
         that made them again, or store the error saying why they cannot be. True if the
         first of them no longer waits on a copy that is gone (it is being made again, or
         failed)."""
-        rt = self.rt
+        links = self.links
         self.settle()  # results just in: their lineage is kept first
         callbacks: list[tuple[Callable[[bytes], Any], bytes]] = []
-        with rt.lock:
+        with links.lock:
             for object_id in object_ids:
                 self._rebuild(object_id, why, callbacks)
-            first = rt.store.entries.get(object_ids[0])
-        rt.flush_sends()
+            first = self.store.entries.get(object_ids[0])
+        links.flush_sends()
         for callback, object_id in callbacks:
             callback(object_id)
         return first is not IN_STORE
@@ -370,13 +416,13 @@ class TaskOwner:
         """(Under the runtime lock.) Run the task that made ``object_id`` again, once the
         arguments it needs are back (lost ones rebuilt first); or fail the object, its
         getters' callbacks added to ``callbacks``."""
-        rt = self.rt
-        entries = rt.store.entries
+        links = self.links
+        entries = self.store.entries
         if entries.get(object_id) is not IN_STORE:
             return  # being made again already, or failed
         task_id = task_of(object_id)
         record = self.lineage.get(task_id)
-        problem = _unrebuildable(record, rt.dead_nodes)
+        problem = _unrebuildable(record, links.dead_nodes)
         pending: list[tuple[int, ObjectRef]] = []
         keep: list[ObjectRef] = []
         if record is not None and not problem:
@@ -384,19 +430,19 @@ class TaskOwner:
         if record is None or problem:
             lost = ObjectLostError(f"object {object_id.hex()} is lost ({why}) and cannot be "
                                    f"rebuilt: {problem}", object_id)
-            rt.refs.locations.pop(object_id, None)
-            callbacks += rt.set_entries(
+            self.refs.locations.pop(object_id, None)
+            callbacks += self.set_entries(
                 [(object_id, serialize(StoredError(lost)).to_payload(is_error=True))])
             return
         del self.lineage[task_id]
-        locations = rt.refs.locations
+        locations = self.refs.locations
         returns = [rid for rid in record.return_ids if entries.get(rid) is IN_STORE]
         alive = [rid for rid in returns
-                 if rid != object_id and locations.get(rid) not in rt.dead_nodes]
+                 if rid != object_id and locations.get(rid) not in links.dead_nodes]
         if alive:  # the run makes them again elsewhere: these copies are let go
-            rt.refs.send_holds(m.ReleaseHolds, alive, rt.client_id)
+            self.refs.send_holds(m.ReleaseHolds, alive, links.client_id)
         for return_id in returns:
-            rt.store.pop(return_id)
+            self.store.pop(return_id)
             locations.pop(return_id, None)
         record.spec.attempt += 1
         record.keep_alive = keep
@@ -407,9 +453,9 @@ class TaskOwner:
         log.info("rebuilding object %s (%s): task %r runs again (attempt %d)",
                  object_id.hex(), why, record.spec.name, record.spec.attempt)
         for index, ref in pending:
-            rt.store.add_waiter(ref.id, self._dep_ready(record, index, ref))
+            self.store.add_waiter(ref.id, self._dep_ready(record, index, ref))
         if not pending:
-            rt.submitter.enqueue(record)
+            self.submitter.enqueue(record)
 
     def _arguments_back(self, record: TaskRecord, why: str,
                         pending: list[tuple[int, ObjectRef]], keep: list[ObjectRef],
@@ -417,8 +463,8 @@ class TaskOwner:
         """Point ``record``'s owned arguments at where they are now, rebuilding those lost
         with a dead node; those still being made go in ``pending``, refs keeping them all
         in ``keep``. Returns why the task cannot run again, or ``""``."""
-        rt = self.rt
-        entries, locations, dead = rt.store.entries, rt.refs.locations, rt.dead_nodes
+        links = self.links
+        entries, locations, dead = self.store.entries, self.refs.locations, links.dead_nodes
         args = list(record.spec.args)
         for index, arg in enumerate(args):
             arg_id = arg.object_id
@@ -432,12 +478,12 @@ class TaskOwner:
                         f"rebuilding only while something references it)")
             if isinstance(entry, m.Payload) and entry.is_error:
                 return f"its argument {arg_id.hex()} is lost too, or failed"
-            ref = ObjectRef(arg_id, rt.client_id)
+            ref = ObjectRef(arg_id, links.client_id)
             keep.append(ref)
             if entry is None:
                 pending.append((index, ref))
             else:
-                args[index] = resolved_arg(ref, entry, rt.refs.location_of(arg_id))
+                args[index] = resolved_arg(ref, entry, self.refs.location_of(arg_id))
         record.spec.args = tuple(args)
         return ""
 
@@ -453,20 +499,20 @@ class TaskOwner:
                       if arg.object_id == lost and not arg.owner_id), -1)
         if index < 0:
             return False  # borrowed: its owner rebuilds it, not us
-        rt = self.rt
-        where = rt.refs.location_of(lost)
-        if record.spec.args[index].node_id in (where, b"") or where in rt.dead_nodes:
+        links = self.links
+        where = self.refs.location_of(lost)
+        if record.spec.args[index].node_id in (where, b"") or where in links.dead_nodes:
             self.rebuild([lost], str(error))  # (else the task looked where it no longer is)
-        with rt.lock:
-            entry = rt.store.entries.get(lost)
+        with links.lock:
+            entry = self.store.entries.get(lost)
             if entry is None and not self.making(lost):
                 return False
-            ref = ObjectRef(lost, rt.client_id)
+            ref = ObjectRef(lost, links.client_id)
             record.keep_alive = (*record.keep_alive, ref)
             record.deps += 1
             ready = self._dep_ready(record, index, ref)
             if entry is None:
-                rt.store.add_waiter(lost, ready)
+                self.store.add_waiter(lost, ready)
         if entry is not None:
             ready(lost)
         return True
@@ -479,7 +525,7 @@ class TaskOwner:
             task_id = task_of(object_id)
             record = lineage.get(task_id)
             if record is not None:
-                entries = self.rt.store.entries
+                entries = self.store.entries
                 if not any(return_id in entries for return_id in record.return_ids):
                     del lineage[task_id]
 
@@ -496,8 +542,8 @@ class TaskOwner:
         """This process's channel to ``actor_id`` (made on first use)."""
         caller = self._callers.get(actor_id)
         if caller is None:
-            caller = self._callers[actor_id] = ActorCaller(self.rt, actor_id,
-                                                                max_task_retries)
+            caller = self._callers[actor_id] = ActorCaller(self.links, self, actor_id,
+                                                           max_task_retries)
         return caller
 
     def callers(self) -> list[ActorCaller]:
@@ -513,7 +559,7 @@ class TaskOwner:
 
     def cancel(self, task_id: bytes, force: bool, recursive: bool = False) -> None:
         """Cancel task ``task_id``; its getters then raise TaskCancelledError."""
-        with self.rt.lock:
+        with self.links.lock:
             record = self.tasks.get(task_id)
             if record is None or record.done:
                 return
@@ -521,14 +567,14 @@ class TaskOwner:
 
     def cancel_children(self, parent: bytes) -> None:
         """Cancel (recursively) the unfinished tasks that task ``parent`` submitted here."""
-        with self.rt.lock:
+        with self.links.lock:
             children = [record for record in self.tasks.values()
                         if record.parent == parent and not record.done]
         for record in children:
             self._cancel(record, False, True)
 
     def _cancel(self, record: TaskRecord, force: bool, recursive: bool) -> None:
-        with self.rt.lock:
+        with self.links.lock:
             if record.done:
                 return
             if record.spec.actor_id:
@@ -536,14 +582,10 @@ class TaskOwner:
                 caller = self.caller(record.spec.actor_id, record.max_retries)
                 failed_here = caller.cancel_queued(record)
             else:
-                failed_here = self.rt.submitter.cancel(record, force, recursive)
-        self.rt.flush_sends()
+                failed_here = self.submitter.cancel(record, force, recursive)
+        self.links.flush_sends()
         if failed_here:
             self.fail_task(record, TaskCancelledError(f"task {record.spec.name!r} was cancelled"))
-
-    def make_system_error(self, reason: str, name: str) -> RtmlSystemError:
-        """The error for a task that could not be scheduled (its lease failed)."""
-        return RtmlSystemError(f"task {name!r} could not be scheduled: {reason}")
 
 
 def _lineage(record: TaskRecord, msg: m.TaskResult) -> tuple[Any, ...]:

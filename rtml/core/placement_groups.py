@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from rtml.core import context
+from rtml.core.current import require_runtime
 from rtml.core.object_ref import ObjectRef
 from rtml.core.options import PlacementGroupSchedulingStrategy
 from rtml.core.remote_function import RemoteFunction
@@ -36,7 +37,7 @@ class PlacementGroup:
     @property
     def bundle_specs(self) -> list[dict[str, float]]:
         if self._bundles is None:
-            self._bundles = info(context.require_runtime(), self.id).bundles
+            self._bundles = info(require_runtime(), self.id).bundles
         return self._bundles
 
     @property
@@ -51,7 +52,7 @@ class PlacementGroup:
     def wait(self, timeout_seconds: float | None = 30) -> bool:
         """Whether the group is reserved within ``timeout_seconds`` (None: wait on)."""
         ref = self.ready()
-        return bool(context.require_runtime().wait([ref], {ref.id}, 1, timeout_seconds, True))
+        return bool(require_runtime().wait([ref], {ref.id}, 1, timeout_seconds, True))
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (PlacementGroup, (self.id, self._bundles))

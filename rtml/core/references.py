@@ -16,20 +16,22 @@ the local node manager forwards those for other nodes.
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import threading
 from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from rtml.core.memory_store import IN_STORE
+from rtml.core.actor_caller import ActorLives
+from rtml.core.links import ClientLinks
+from rtml.core.memory_store import IN_STORE, MemoryStore
+from rtml.core.shared_objects import SharedObjects
+from rtml.core.tasks import TaskEvents
 from rtml.exceptions import GetTimeoutError
 from rtml.rpc import messages as m
 
 if TYPE_CHECKING:
     from rtml.core.object_ref import ObjectRef
-    from rtml.core.runtime import ClientRuntime
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +44,15 @@ REFOPS_DELAY = 0.02
 class ReferenceCounter:
     """The counter :func:`rtml.core.object_ref.set_counter` is given: counts, holds, frees."""
 
-    def __init__(self, runtime: ClientRuntime) -> None:
-        self.rt = runtime
+    def __init__(self, links: ClientLinks, store: MemoryStore, shared: SharedObjects,
+                 events: TaskEvents, lives: ActorLives) -> None:
+        """``events``: the owner of this process's tasks (which of their returns are
+        still being made); ``lives``: the life objects of the actors it created."""
+        self.links = links
+        self.store = store
+        self.shared = shared
+        self.events = events
+        self.lives = lives
         self.refops: deque[tuple[bytes, int]] = deque()
         """Queued (object id, delta) changes; delta 0 marks a borrow."""
         self.borrows = 0
@@ -76,10 +85,10 @@ class ReferenceCounter:
         self.refops.append((object_id, delta))
         if len(self.refops) >= REFOPS_BATCH and not self._refops_scheduled:
             self._refops_scheduled = True
-            self.rt.reactor.call_soon(self.process_refops)
+            self.links.reactor.call_soon(self.process_refops)
         elif not self._refops_timer:  # an idle process still frees within REFOPS_DELAY
             self._refops_timer = True
-            self.rt.reactor.call_later(REFOPS_DELAY, self._refops_tick)
+            self.links.reactor.call_later(REFOPS_DELAY, self._refops_tick)
 
     def _refops_tick(self) -> None:
         self._refops_timer = False
@@ -90,8 +99,8 @@ class ReferenceCounter:
 
         ``node_id``: where its primary copy lives (a hint carried with the ref).
         """
-        rt = self.rt
-        if node_id and node_id != rt.node_id and ref.owner != rt.client_id:
+        links = self.links
+        if node_id and node_id != links.node_id and ref.owner != links.client_id:
             self.locations.setdefault(ref.id, node_id)
         # Queued, not sent at once: whatever unpickled the ref (a get, a task's argument)
         # still holds its container, and drains the queue before letting go of it.
@@ -100,23 +109,26 @@ class ReferenceCounter:
 
     def location_of(self, object_id: bytes) -> bytes:
         """The node holding the object's primary copy, as far as this process knows."""
-        return self.locations.get(object_id, self.rt.node_id)
+        return self.locations.get(object_id, self.links.node_id)
 
     def escaped(self, ref: ObjectRef) -> None:
         """An owned ref is being pickled for another process: its value must be shared."""
-        rt = self.rt
-        if ref.owner != rt.client_id:
+        links, store = self.links, self.store
+        if ref.owner != links.client_id:
             return
-        with rt.lock:
-            entry = rt.store.get(ref.id)
+        with links.lock:
+            entry = store.get(ref.id)
             if entry is None:
                 self.escaped_pending.add(ref.id)
-            elif entry is not IN_STORE and ref.id not in rt.store.promoted:
-                rt.promote(ref.id, entry)
+            elif isinstance(entry, m.Payload) and ref.id not in store.promoted:
+                self.promote(ref.id, entry)
 
-    def future(self, ref: ObjectRef) -> concurrent.futures.Future[Any]:
-        """``ObjectRef.future()``: see :meth:`ClientRuntime.future`."""
-        return self.rt.future(ref)
+    def promote(self, object_id: bytes, payload: m.Payload) -> None:
+        """(Under the lock.) Copy an owned inline value into shared memory, so other
+        processes can read it; it is released as a shared object once freed."""
+        if self.shared.promote(object_id, payload, self.lives.actors.get(object_id, b""),
+                               self.store.has_contained.get(object_id, b"")):
+            self.store.promoted.add(object_id)
 
     # -- holds and releases --------------------------------------------------------------------
 
@@ -128,8 +140,8 @@ class ReferenceCounter:
         for object_id in object_ids:
             by_node.setdefault(locations.get(object_id, b""), []).append(object_id)
         for node_id, ids in by_node.items():
-            self.rt.nm.send(kind(ids, holder, node_id))
-            if kind is m.AddHolds and node_id and node_id != self.rt.node_id:
+            self.links.nm.send(kind(ids, holder, node_id))
+            if kind is m.AddHolds and node_id and node_id != self.links.node_id:
                 with self._unfenced_lock:  # after the send: a fence taking it follows it
                     self._unfenced.add(node_id)
 
@@ -164,7 +176,7 @@ class ReferenceCounter:
             if not nodes:
                 return  # a fence that finished meanwhile covered ours
             try:
-                self.rt.request(self.rt.nm, lambda req_id: m.FenceHolds(req_id, nodes))
+                self.links.request(self.links.nm, lambda req_id: m.FenceHolds(req_id, nodes))
             except GetTimeoutError:
                 log.warning("holds on objects of nodes %s not confirmed in time",
                             [node_id.hex()[:12] for node_id in nodes])
@@ -213,7 +225,7 @@ class ReferenceCounter:
             # Sent under the lock: another thread's add and release of the same
             # object must reach the node manager in the order they were decided.
             if adds:
-                self.send_holds(m.AddHolds, adds, self.rt.client_id)
+                self.send_holds(m.AddHolds, adds, self.links.client_id)
             self._send_releases(releases, holders)
 
     def free_unreferenced(self, object_ids: Sequence[bytes]) -> None:
@@ -232,28 +244,26 @@ class ReferenceCounter:
 
     def _send_releases(self, releases: list[bytes], holders: list[tuple[bytes, bytes]]) -> None:
         if releases:
-            self.send_holds(m.ReleaseHolds, releases, self.rt.client_id)
+            self.send_holds(m.ReleaseHolds, releases, self.links.client_id)
             for object_id in releases:
                 self.locations.pop(object_id, None)
         for holder, node_id in holders:
-            self.rt.nm.send(m.ReleaseHolder(holder, node_id))
+            self.links.nm.send(m.ReleaseHolder(holder, node_id))
 
     def _owns(self, object_id: bytes) -> bool:
-        rt = self.rt
-        return object_id in rt.store.entries or rt.owner.making(object_id)
+        return object_id in self.store.entries or self.events.making(object_id)
 
     def _free(self, object_ids: list[bytes], releases: list[bytes],
               holders: list[tuple[bytes, bytes]]) -> None:
         """Drop owned objects nobody references any more. One that escaped before its
         value existed is kept until the value arrives: promoted then (see
-        :meth:`ClientRuntime.set_entries`), it is freed when its task is settled."""
-        rt = self.rt
-        store = rt.store
+        :meth:`TaskOwner.set_entries`), it is freed when its task is settled."""
+        store, events = self.store, self.events
         escaped = self.escaped_pending
-        lives = rt.owner.lives
-        with rt.lock:
+        lives = self.lives
+        with self.links.lock:
             for object_id in object_ids:
-                if object_id in escaped and rt.owner.making(object_id):
+                if object_id in escaped and events.making(object_id):
                     continue
                 promoted = object_id in store.promoted
                 entry = store.pop(object_id)
@@ -263,6 +273,6 @@ class ReferenceCounter:
                 holds_at = store.has_contained.pop(object_id, None)
                 if entry is IN_STORE or promoted:
                     releases.append(object_id)  # its node manager releases what it holds
-                    rt.owner.forget_lineage(object_id)
+                    events.forget_lineage(object_id)
                 elif holds_at is not None:
                     holders.append((object_id, holds_at))

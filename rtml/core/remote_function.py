@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
-from rtml.core import context, runtime_env
+from rtml.core import context, current, runtime_env
 from rtml.core.calls import submit_call
 from rtml.core.dag import FunctionNode
 from rtml.core.options import (
@@ -127,7 +127,7 @@ class RemoteFunction(Exported):
 
     def _submit(self, call: _CallOptions, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self._check.check(args, kwargs)
-        rt = context.require_runtime()
+        rt = current.require_runtime()
         captured = "" if rt.job_id else context.captured_group()  # (a driver's: none)
         if captured:
             call = call.captured_in(captured)

@@ -23,19 +23,17 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rtml.config import LEASE_IDLE_TIMEOUT
+from rtml.core.links import ClientLinks
+from rtml.core.tasks import LeasedWorker, TaskEvents, TaskRecord, scheduling_error
 from rtml.exceptions import RtmlError, TaskCancelledError, WorkerCrashedError
 from rtml.rpc import messages as m
 from rtml.rpc.reactor import Connection
 from rtml.scheduler.resources import Shape
 from rtml.scheduler.strategy import SPREAD
-
-if TYPE_CHECKING:
-    from rtml.core.runtime import ClientRuntime
 
 log = logging.getLogger(__name__)
 
@@ -57,43 +55,6 @@ def with_runtime_env(key: tuple[Any, ...], env: str) -> tuple[Any, ...]:
 
 def runtime_env_of(key: tuple[Any, ...]) -> str:
     return key[1] if key and key[0] == RUNTIME_ENV else ""
-
-
-@dataclass(eq=False, slots=True)  # compared by identity (queues remove them by it)
-class TaskRecord:
-    spec: m.TaskSpec
-    shape: Shape
-    max_retries: int
-    retry_exceptions: Any
-    keep_alive: Sequence[Any]  # ObjectRefs the arguments need until the task ends
-    return_ids: Sequence[bytes]
-    has_contained: bool = False
-    key: tuple[Any, ...] = ()  # shape_key(shape), computed once per remote function
-    deps: int = 0
-    cancelled: bool = False
-    worker: LeasedWorker | None = None
-    done: bool = False
-    solo: bool = False  # pushed alone (untimed or long): nothing may queue behind it
-    parent: bytes | None = None  # the task that submitted it (None: the driver's own code)
-    stream: Any = None  # a generator task's items as they come (a generators.Stream)
-    dynamic: bool = False  # num_returns="dynamic": its return is its items' refs, at the end
-
-
-@dataclass(eq=False)
-class LeasedWorker:
-    conn: Connection
-    lease_id: int
-    worker_id: bytes
-    key: tuple[Any, ...]
-    nm: Connection  # the node manager that granted the lease
-    node_id: bytes
-    gpu_ids: tuple[int, ...] = ()
-    inflight: dict[bytes, TaskRecord] = field(default_factory=dict)
-    solo: int = 0  # in-flight tasks pushed alone
-    idle_since: float = 0.0
-    timer_armed: bool = False
-    functions_sent: set[bytes] = field(default_factory=set)  # answers to FunctionWanted
-    retiring: bool = False  # it said it exits (max_calls): nothing in flight had started
 
 
 class RunTimes:
@@ -130,8 +91,13 @@ class ShapeQueue:
 
 
 class TaskSubmitter:
-    def __init__(self, runtime: ClientRuntime) -> None:
-        self.rt = runtime
+    def __init__(self, links: ClientLinks, events: TaskEvents,
+                 exported: dict[bytes, bytes]) -> None:
+        """``events``: the tasks' owner; ``exported``: this process's functions by id,
+        for a worker that asks for one."""
+        self.links = links
+        self.events = events
+        self.exported = exported
         self.queues: dict[tuple[Any, ...], ShapeQueue] = {}
         # req_id -> (queue key, the node manager asked, that node's id)
         self._lease_keys: dict[int, tuple[tuple[Any, ...], Connection, bytes]] = {}
@@ -189,11 +155,11 @@ class TaskSubmitter:
             return
         wanted = min(len(tasks), MAX_LEASE_REQUESTS) - len(queue.lease_requests)
         for _ in range(wanted):
-            self._request_lease(key, queue, self.rt.nm, self.rt.node_id, spilled=False)
+            self._request_lease(key, queue, self.links.nm, self.links.node_id, spilled=False)
 
     def _request_lease(self, key: tuple[Any, ...], queue: ShapeQueue, nm: Connection,
                        node_id: bytes, spilled: bool) -> None:
-        req_id = self.rt.next_request_id()
+        req_id = self.links.next_request_id()
         queue.lease_requests.add(req_id)
         self._lease_keys[req_id] = (key, nm, node_id)
         nm.send(m.RequestLease(req_id, queue.shape, queue.strategy, queue.preferred_node,
@@ -201,7 +167,7 @@ class TaskSubmitter:
 
     def _args_node(self, spec: m.TaskSpec) -> bytes:
         """Another node holding one of the task's large arguments, if any (locality)."""
-        here = self.rt.node_id
+        here = self.links.node_id
         for arg in spec.args:
             if arg.node_id and arg.node_id != here:
                 return arg.node_id
@@ -226,7 +192,7 @@ class TaskSubmitter:
         if busy:  # pipelined behind other tasks: coalesce with the rest of the burst
             worker.conn.send_soon(m.PushTask(record.spec))
         else:
-            self.rt.send_ordered(worker.conn, m.PushTask(record.spec))
+            self.links.send_ordered(worker.conn, m.PushTask(record.spec))
 
     # -- leases (reactor thread) -------------------------------------------------------------
 
@@ -245,18 +211,18 @@ class TaskSubmitter:
             nm.send(m.ReturnLease(msg.lease_id))
             return
         try:
-            conn = self.rt.connect_worker(msg.address, self._on_results,
+            conn = self.links.connect_worker(msg.address, self._on_results,
                                           self._on_worker_closed)
         except Exception as exc:  # the worker died between grant and connect
             log.info("leased worker at %s unreachable: %s", msg.address, exc)
             nm.send(m.ReturnLease(msg.lease_id))
-            with self.rt.lock:
+            with self.links.lock:
                 self._pump(key, queue)
             return
         worker = LeasedWorker(conn, msg.lease_id, msg.worker_id, key, nm, node_id,
                               msg.gpu_ids)
         conn.context = worker
-        with self.rt.lock:
+        with self.links.lock:
             queue.workers.append(worker)
             self._pump(key, queue)
 
@@ -266,18 +232,18 @@ class TaskSubmitter:
         if queue is None or not queue.tasks:
             return
         try:
-            nm = self.rt.node_manager_at(msg.node_id, msg.address)
+            nm = self.links.node_manager_at(msg.node_id, msg.address)
         except Exception as exc:
             log.warning("node %s at %s unreachable: %s", msg.node_id.hex(), msg.address, exc)
-            with self.rt.lock:
+            with self.links.lock:
                 self._pump(key, queue)
             return
-        with self.rt.lock:
+        with self.links.lock:
             self._request_lease(key, queue, nm, msg.node_id, spilled=True)
 
     def node_died(self, node_id: bytes) -> None:
         """Drop leases and requests on a dead node: its tasks are retried elsewhere."""
-        with self.rt.lock:
+        with self.links.lock:
             workers = [w for q in self.queues.values() for w in q.workers
                        if w.node_id == node_id]
             stale = [req_id for req_id, (_, _, asked) in self._lease_keys.items()
@@ -293,24 +259,23 @@ class TaskSubmitter:
         key, queue = self._take_request(msg.req_id)
         if queue is None:
             return
-        with self.rt.lock:
+        with self.links.lock:
             failed = list(queue.tasks)
             queue.tasks.clear()
         for record in failed:
-            self.rt.owner.fail_task(
-                record, self.rt.owner.make_system_error(msg.reason, record.spec.name))
+            self.events.fail_task(record, scheduling_error(msg.reason, record.spec.name))
 
     # -- results (reactor thread) ------------------------------------------------------------
 
     def _on_results(self, conn: Connection, msgs: list[Any]) -> None:
         """The results of one read from a leased worker: the queue is pumped once."""
-        rt = self.rt
+        links, events = self.links, self.events
         worker: LeasedWorker = conn.context
         done: list[tuple[TaskRecord, m.TaskResult]] = []
         failed: list[tuple[TaskRecord, BaseException]] = []
         items: list[m.GeneratorItem] = []
         matched = 0
-        with rt.lock:
+        with links.lock:
             queue = self.queues[worker.key]
             inflight = worker.inflight
             run_times = queue.run_times
@@ -334,14 +299,14 @@ class TaskSubmitter:
                 if not msg.cancelled:  # a cancelled run's length says nothing of the function's
                     run_times.record(record.spec.function_id, msg.end_ts - msg.start_ts)
                 if (record.retry_exceptions and not record.cancelled
-                        and rt.owner.should_retry_exception(record, msg)):
+                        and events.should_retry_exception(record, msg)):
                     record.spec.attempt += 1
                     queue.tasks.appendleft(record)
                 else:
                     done.append((record, msg))
             if not matched:
                 if items:
-                    rt.owner.generated(items, worker.node_id)
+                    events.generated(items, worker.node_id)
                 return
             if wanted:
                 queue.tasks.extendleft(reversed(wanted))  # ahead of the rest, in their order
@@ -356,11 +321,11 @@ class TaskSubmitter:
         if spread:
             self._retire(worker)
         if items:
-            rt.owner.generated(items, worker.node_id)
+            events.generated(items, worker.node_id)
         if done:
-            rt.owner.complete_tasks(done)
+            events.complete_tasks(done)
         for record, error in failed:
-            rt.owner.fail_task(record, error)
+            events.fail_task(record, error)
 
     def _function_wanted(self, worker: LeasedWorker, record: TaskRecord, function_id: bytes,
                          wanted: list[TaskRecord],
@@ -368,7 +333,7 @@ class TaskSubmitter:
         """A worker could not load a task's function (Redis is away, or our export waits
         for it): send it ours, once per worker, and queue the task again, free (the task
         follows the function on that connection, wherever it is pushed next)."""
-        blob = self.rt.exported.get(function_id)
+        blob = self.exported.get(function_id)
         if record.cancelled:
             failed.append((record, TaskCancelledError(
                 f"task {record.spec.name!r} was cancelled")))
@@ -386,17 +351,17 @@ class TaskSubmitter:
         worker.idle_since = time.monotonic()
         if not worker.timer_armed:
             worker.timer_armed = True
-            self.rt.reactor.call_later(LEASE_IDLE_TIMEOUT, lambda: self._idle_check(worker))
+            self.links.reactor.call_later(LEASE_IDLE_TIMEOUT, lambda: self._idle_check(worker))
 
     def _idle_check(self, worker: LeasedWorker) -> None:
-        with self.rt.lock:
+        with self.links.lock:
             worker.timer_armed = False
             if worker.inflight or worker.conn.closed:
                 return
             left = worker.idle_since + LEASE_IDLE_TIMEOUT - time.monotonic()
             if left > 0:
                 worker.timer_armed = True
-                self.rt.reactor.call_later(left, lambda: self._idle_check(worker))
+                self.links.reactor.call_later(left, lambda: self._idle_check(worker))
                 return
             queue = self.queues[worker.key]
             queue.workers.remove(worker)
@@ -412,10 +377,10 @@ class TaskSubmitter:
         worker: LeasedWorker | None = conn.context
         if worker is None:
             return
-        rt = self.rt
+        links, events = self.links, self.events
         worker.nm.send(m.ReturnLease(worker.lease_id))  # a no-op if the worker died
         failed: list[tuple[TaskRecord, BaseException]] = []
-        with rt.lock:
+        with links.lock:
             queue = self.queues[worker.key]
             if worker in queue.workers:
                 queue.workers.remove(worker)
@@ -436,14 +401,14 @@ class TaskSubmitter:
                     failed.append((record, WorkerCrashedError(
                         f"the worker running task {record.spec.name!r} died ({reason}) "
                         f"and its {record.max_retries} retries are used up; see the worker "
-                        f"logs in {rt.session_dir}/logs")))
+                        f"logs in {links.session_dir}/logs")))
                 running = False
             queue.tasks.extendleft(reversed(again))  # ahead of the rest, in their order
             worker.inflight.clear()
             worker.solo = 0
             self._pump(worker.key, queue)
         for record, error in failed:
-            rt.owner.fail_task(record, error)
+            events.fail_task(record, error)
 
     # -- cancellation --------------------------------------------------------------------------
 

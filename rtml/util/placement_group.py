@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rtml.core import context, placement_groups
+from rtml.core import current, placement_groups
 from rtml.core.placement_groups import PlacementGroup
 
 __all__ = ["PlacementGroup", "get_current_placement_group", "get_placement_group",
@@ -24,18 +24,18 @@ def placement_group(bundles: list[dict[str, float]], strategy: str = "PACK",
     STRICT_PACK, STRICT_SPREAD); returns at once: ``ready()`` / ``wait()`` tell when it
     is reserved (it waits, PENDING, while the cluster cannot hold it). It is removed
     when its job ends unless ``lifetime="detached"``."""
-    return placement_groups.create(context.require_runtime(), bundles, strategy, name,
+    return placement_groups.create(current.require_runtime(), bundles, strategy, name,
                                    lifetime)
 
 
 def remove_placement_group(placement_group: PlacementGroup) -> None:
     """Free the group's resources; the tasks and actors running on them are stopped."""
-    placement_groups.remove(context.require_runtime(), placement_group)
+    placement_groups.remove(current.require_runtime(), placement_group)
 
 
 def get_placement_group(placement_group_name: str) -> PlacementGroup:
     """The live group of this name in the job's namespace; ValueError if none."""
-    info = placement_groups.info(context.require_runtime(), name=placement_group_name)
+    info = placement_groups.info(current.require_runtime(), name=placement_group_name)
     if info.state == "MISSING":
         raise ValueError(f"no placement group named {placement_group_name!r} in this "
                          f"job's namespace")
@@ -46,7 +46,7 @@ def placement_group_table(placement_group: PlacementGroup | None = None) -> dict
     """The group's state, bundles, strategy and nodes, as Ray's table shows them."""
     if placement_group is None:
         raise ValueError("placement_group_table() needs a placement group here")
-    info = placement_groups.info(context.require_runtime(), placement_group.id)
+    info = placement_groups.info(current.require_runtime(), placement_group.id)
     return {"placement_group_id": info.pg_id.hex(), "name": info.name,
             "state": info.state, "strategy": info.strategy,
             "bundles": dict(enumerate(info.bundles)),

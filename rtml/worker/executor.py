@@ -332,7 +332,7 @@ class Executor:
                 raise _Failed(arg.value)
             return from_payload(arg.value)
         try:
-            value = self.rt.read_shared(arg.object_id, arg.owner_id, None, arg.node_id)
+            value = self.rt.shared.read(arg.object_id, arg.owner_id, None, arg.node_id)
         except OwnerDiedError:
             raise
         except ObjectLostError as exc:  # its owner may rebuild it, and push the task again
@@ -415,7 +415,7 @@ class Executor:
         size = ser.size
         if size <= INLINE_MAX:
             return m.ReturnObject(object_id, ser.to_payload(), size, contained=bool(ser.contained))
-        size = self.rt.write_shared(object_id, ser, holder=self._holder(spec))
+        size = self.rt.shared.write(object_id, ser, holder=self._holder(spec))
         return m.ReturnObject(object_id, None, size)
 
     def _holder(self, spec: m.TaskSpec) -> bytes:
@@ -500,7 +500,7 @@ class Executor:
         exits; its calls not answered yet get ActorDiedError from their callers."""
         rt = self.rt
         try:
-            rt.request(rt.head, lambda req_id: m.ActorExiting(req_id, self.actor_id),
+            rt.links.request(rt.head, lambda req_id: m.ActorExiting(req_id, self.actor_id),
                        rt.head.timeout)
         except (RtmlError, OSError) as exc:
             log.warning("the head did not hear that this actor exits (%s): it may be "

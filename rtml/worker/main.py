@@ -25,7 +25,7 @@ from typing import Any
 
 from rtml import api
 from rtml.config import WorkerConfig
-from rtml.core import context, runtime_env
+from rtml.core import current, runtime_env
 from rtml.core.runtime import ClientConfig, ClientRuntime
 from rtml.exceptions import ProtocolError, RuntimeEnvSetupError
 from rtml.rpc import messages as m
@@ -167,7 +167,7 @@ def main(argv: list[str]) -> int:
     if env:
         _set_up(env, cfg, rt, executor, setup_error)
     orders.executor, orders.server = executor, server_reactor
-    context.set_runtime(rt)
+    current.set_runtime(rt)
     job = lambda: executor.current_job  # noqa: E731 - read at write time
     sys.stdout = OutputTee(sys.stdout, rt.nm.send, job)
     sys.stderr = OutputTee(sys.stderr, rt.nm.send, job)

@@ -147,8 +147,8 @@ def test_an_actor_whose_worker_died_while_the_head_was_down_restarts(start_clust
 
 
 def actor_records() -> list[tuple[str, str]]:
-    from rtml.core import context
-    return [(a["state"], a["error"]) for a in context.require_runtime().plane.list_actors()]
+    from rtml.core import current
+    return [(a["state"], a["error"]) for a in current.require_runtime().plane.list_actors()]
 
 
 def settle(probe, want, seconds: float = 30):

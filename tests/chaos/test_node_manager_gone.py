@@ -13,7 +13,7 @@ import pytest
 
 import rtml
 from rtml import api
-from rtml.core import context
+from rtml.core import current
 from rtml.exceptions import RtmlSystemError
 
 
@@ -27,7 +27,7 @@ def test_a_put_after_the_node_manager_died_raises_and_leaks_no_segment() -> None
         rtml.shutdown()
     rtml.init(num_cpus=1)
     try:
-        runtime = context.require_runtime()
+        runtime = current.require_runtime()
         started = api._embedded
         assert started is not None
         node_manager = started.procs[-1]

@@ -27,7 +27,7 @@ import rtml
 from rtml import api, cluster
 from rtml.control_plane import ControlPlane, RedisProcess
 from rtml.control_plane.resp import RespClient
-from rtml.core import context
+from rtml.core import current
 
 OUTAGE = 3.0
 
@@ -85,7 +85,7 @@ def _kill_redis() -> int:
 
 def test_work_goes_on_through_a_redis_outage_and_nothing_is_lost(
         slow_restart: threading.Event) -> None:
-    runtime = context.require_runtime()
+    runtime = current.require_runtime()
     restarted = Counter.remote()
     first_pid = rtml.get(restarted.pid.remote())
     before = rtml.get([square.remote(i) for i in range(100)])

@@ -14,7 +14,7 @@ import psutil
 
 import rtml
 from rtml import api
-from rtml.core import context
+from rtml.core import current
 from rtml.exceptions import WorkerCrashedError
 from rtml.rpc import messages as m
 
@@ -49,7 +49,7 @@ def test_only_the_running_task_is_charged_when_its_worker_dies(start_cluster,
 
 def test_the_pool_refills_to_its_size_after_its_workers_die_at_once(start_cluster) -> None:
     start_cluster(num_cpus=2)
-    runtime = context.require_runtime()
+    runtime = current.require_runtime()
     assert rtml.get([crash_at.remote("", i, -1) for i in range(20)]) == list(range(20))
     started = api._embedded
     assert started is not None
@@ -57,7 +57,7 @@ def test_the_pool_refills_to_its_size_after_its_workers_die_at_once(start_cluste
 
     def pool() -> tuple[int, int]:
         """(workers the node manager counts, worker processes)"""
-        stats = runtime.request(runtime.nm, lambda req_id: m.StoreStats(req_id)).stats
+        stats = runtime.links.request(runtime.nm, lambda req_id: m.StoreStats(req_id)).stats
         return int(stats["num_workers"]), len(zygote.children())
 
     _until(lambda: pool() == (2, 2), "the pool to fill")

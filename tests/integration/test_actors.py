@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 import rtml
-from rtml.core import context
+from rtml.core import current
 from rtml.exceptions import ActorDiedError, TaskCancelledError, TaskError
 
 pytestmark = pytest.mark.usefixtures("cluster")
@@ -498,7 +498,7 @@ def test_the_creator_lets_go_of_the_constructor_arguments_when_the_actor_ends() 
     del blob
     pid = rtml.get(holder.pid.remote(), timeout=60)
     assert rtml.get(length_via_handle.remote(holder), timeout=60) == 200_000
-    owned = context.require_runtime().store.entries
+    owned = current.require_runtime().store.entries
     assert blob_id in owned
     del holder
     assert _exits(pid)
@@ -544,7 +544,7 @@ def test_an_unreferenced_actor_that_crashed_is_not_restarted() -> None:
     del c
     with pytest.raises(ActorDiedError):
         rtml.get(crash, timeout=30)
-    plane = rtml.core.context.require_runtime().plane
+    plane = rtml.core.current.require_runtime().plane
     deadline = time.monotonic() + 15
     while _state(plane, actor_id) != "DEAD" and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -261,7 +261,7 @@ class Keeper:
 
 
 def _actor_state(actor_id: str) -> str:
-    plane = rtml.core.context.require_runtime().plane
+    plane = rtml.core.current.require_runtime().plane
     return next(a["state"] for a in plane.list_actors() if a["actor_id"] == actor_id)
 
 
@@ -351,7 +351,7 @@ def test_a_pulled_copy_is_recorded_as_a_second_location(three_nodes) -> None:
     _, head, node2, _ = three_nodes
     ref = slow_array.options(scheduling_strategy=pinned(node2)).remote(0.0, 4 << 20)
     assert rtml.get(ref).nbytes == 4 << 20  # pulled to the head
-    plane = rtml.core.context.require_runtime().plane
+    plane = rtml.core.current.require_runtime().plane
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         records = {o["object_id"]: o for o in plane.list_objects()}

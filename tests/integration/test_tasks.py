@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import rtml
-from rtml.core import context
+from rtml.core import current
 from rtml.core.remote_function import RemoteFunction
 from rtml.core.runtime import ClientRuntime
 from rtml.exceptions import GetTimeoutError, TaskCancelledError, TaskError
@@ -490,7 +490,7 @@ def test_timeline_has_chrome_trace_events(tmp_path) -> None:
 
 
 def test_timed_out_gets_leave_no_waiters_behind(tmp_path) -> None:
-    from rtml.core import context
+    from rtml.core import current
 
     marker, release = str(tmp_path / "started"), str(tmp_path / "release")
     ref = waits_on_sleeper.options(max_retries=0).remote(marker, release)
@@ -498,7 +498,7 @@ def test_timed_out_gets_leave_no_waiters_behind(tmp_path) -> None:
         for _ in range(50):  # a polling loop
             with pytest.raises(GetTimeoutError):
                 rtml.get(ref, timeout=0.001)
-        store = context.require_runtime().store
+        store = current.require_runtime().store
         assert store._waiters.get(ref.id, []) == []
     finally:
         open(release, "w").close()
@@ -534,7 +534,7 @@ def test_an_object_ref_built_with_bad_arguments_raises_and_does_not_crash() -> N
 
 def _function_key(fn: RemoteFunction) -> tuple[ClientRuntime, str]:
     """The runtime and the Redis key of ``fn``, exported now (without running it)."""
-    rt = context.require_runtime()
+    rt = current.require_runtime()
     function_id = fn._export(rt)
     return rt, rt.plane.keys.function(function_id.hex())
 

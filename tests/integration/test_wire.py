@@ -72,7 +72,7 @@ def test_wrong_token_is_refused_and_the_daemon_keeps_serving(cluster: None, whic
 
 @pytest.mark.parametrize("which", [0, 1], ids=["node_manager", "head"])
 def test_wrong_protocol_version_is_refused(cluster: None, which: int) -> None:
-    token = rtml.core.context.require_runtime().token
+    token = rtml.core.current.require_runtime().token
     sock = _open(_addresses()[which])
     sock.sendall(_hello(sock, token, version=m.PROTOCOL_VERSION + 99))
     replies = _read_until_closed(sock)
@@ -95,7 +95,7 @@ def test_bad_first_frame_closes_only_that_connection(cluster: None, payload: byt
 
 
 def test_bad_frame_after_a_good_hello_closes_the_connection(cluster: None) -> None:
-    token = rtml.core.context.require_runtime().token
+    token = rtml.core.current.require_runtime().token
     sock = _open(_addresses()[0])
     sock.sendall(_hello(sock, token))
     sock.sendall(frame(b"\xc1 definitely not msgpack"))

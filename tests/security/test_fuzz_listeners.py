@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rtml
-from rtml.core import context
+from rtml.core import current
 from rtml.ids import random_id
 from rtml.rpc import messages as m
 from rtml.rpc.client import connect_socket, handshake, make_hello
@@ -60,7 +60,7 @@ def _exchange(sock: socket.socket, data: bytes) -> None:
 
 
 def _addresses() -> list[str]:
-    rt = context.require_runtime()
+    rt = current.require_runtime()
     return [rt.config.nm_address, rt.config.head_address]
 
 
@@ -81,7 +81,7 @@ def test_before_the_handshake(cluster: None, data: list[bytes]) -> None:
 @FUZZ
 @given(data=st.lists(message, min_size=1, max_size=4))
 def test_after_the_handshake(cluster: None, data: list[bytes]) -> None:
-    rt = context.require_runtime()
+    rt = current.require_runtime()
     for address in _addresses():
         sock = connect_socket(address, timeout=5)
         handshake(sock, rt.token, make_hello("driver", random_id(), rt.job_id))

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import rtml
-from rtml.core import context
+from rtml.core import current
 from rtml.core.runtime import ClientConfig, ClientRuntime
 from rtml.exceptions import ProtocolError, RtmlSystemError
 from rtml.ids import random_id
@@ -31,7 +31,7 @@ def plus(a: int, b: int) -> int:
 
 
 def _addresses() -> list[str]:
-    rt = context.require_runtime()
+    rt = current.require_runtime()
     return [rt.config.nm_address, rt.config.head_address]
 
 
@@ -91,7 +91,7 @@ def impostor(tmp_path: Path) -> Iterator[Impostor]:
 
 
 def test_a_captured_handshake_opens_no_connection(cluster: None) -> None:
-    token = context.require_runtime().token
+    token = current.require_runtime().token
     for address in _addresses():
         first = connect_socket(address)
         decoder = FrameDecoder()

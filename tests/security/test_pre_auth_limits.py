@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 
 import rtml
-from rtml.core import context
+from rtml.core import current
 from rtml.rpc import messages as m
 from rtml.rpc.admission import HELLO_TIMEOUT
 from rtml.rpc.client import connect_socket
@@ -38,7 +38,7 @@ def _open(address: str) -> socket.socket:
 
 def _daemons() -> list[tuple[str, psutil.Process]]:
     """(address, process) of the node manager and the head service."""
-    rt = context.require_runtime()
+    rt = current.require_runtime()
     found = []
     for address in (rt.config.nm_address, rt.config.head_address):
         module = "rtml.node.main" if address.startswith("unix:") else "rtml.head.main"
@@ -84,7 +84,7 @@ def test_a_first_frame_may_be_a_few_kib_at_most(cluster: None) -> None:
 
 def test_thousands_of_idle_connections_keep_no_driver_out(cluster: None,
                                                           tmp_path: Path) -> None:
-    rt = context.require_runtime()
+    rt = current.require_runtime()
     daemons = _daemons()
     fds_before = [proc.num_fds() for _address, proc in daemons]
     idle = [_open(address) for _ in range(FLOOD // len(daemons)) for address, _ in daemons]

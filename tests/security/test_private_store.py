@@ -20,7 +20,7 @@ import pytest
 
 import rtml
 from rtml import objectstore
-from rtml.core import context
+from rtml.core import current
 from rtml.exceptions import ObjectLostError, RtmlSystemError
 from rtml.ids import TaskID, object_id_for
 
@@ -82,7 +82,7 @@ print(json.dumps(result))
 @as_another_user
 def test_another_user_can_neither_read_nor_plant_objects(cluster: None,
                                                          tmp_path: Path) -> None:
-    rt = context.require_runtime()
+    rt = current.require_runtime()
     store = rt.store_dir
     st = os.lstat(store)
     assert (st.st_uid, st.st_mode & 0o777) == (os.geteuid(), 0o700)

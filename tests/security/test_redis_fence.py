@@ -17,7 +17,7 @@ import pytest
 import rtml
 from rtml.control_plane import OWN_USER, find_redis_server, own_password
 from rtml.control_plane.resp import AuthError, RespClient, RespError
-from rtml.core import context
+from rtml.core import current
 
 
 @rtml.remote
@@ -28,7 +28,7 @@ def add(a: int, b: int) -> int:
 @pytest.fixture
 def redis(cluster: None) -> Iterator[tuple[str, int, str]]:
     """The embedded cluster's Redis: host, port, and the cluster token."""
-    rt = context.require_runtime()
+    rt = current.require_runtime()
     yield rt.plane.host, rt.plane.port, rt.token
     assert rtml.get(add.remote(20, 22), timeout=60) == 42  # the cluster runs on
 

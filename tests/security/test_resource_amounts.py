@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import rtml
-from rtml.core import context
+from rtml.core import current
 from rtml.ids import random_id
 from rtml.rpc import messages as m
 from rtml.rpc.client import connect_socket, handshake, make_hello
@@ -51,7 +51,7 @@ def test_the_api_refuses_a_bad_amount_naming_it(cluster: None, amount: float) ->
 
 def test_a_bad_amount_in_a_hand_made_request_is_refused_and_the_node_keeps_its_cpus(
         cluster: None) -> None:
-    rt = context.require_runtime()
+    rt = current.require_runtime()
     before = rtml.available_resources()
     with _raw(rt.config.nm_address) as (sock, decoder):
         for req_id, amount in enumerate(BAD, 1):
@@ -75,7 +75,7 @@ def test_a_bad_amount_in_a_hand_made_request_is_refused_and_the_node_keeps_its_c
 @contextlib.contextmanager
 def _raw(address: str) -> Iterator[tuple[socket.socket, FrameDecoder]]:
     """A connection to a daemon that proved it holds the cluster token (a token holder's)."""
-    rt = context.require_runtime()
+    rt = current.require_runtime()
     sock = connect_socket(address)
     try:
         handshake(sock, rt.token, make_hello("driver", random_id(), rt.job_id))

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rtml.control_plane import ControlPlane
-from rtml.core import context
+from rtml.core import current
 from rtml.core.object_ref import ObjectRef
 from rtml.util.state import records, summary
 from rtml.util.state.common import (
@@ -51,7 +51,7 @@ Filters = Sequence[Filter] | None
 def _plane(tasks: bool = False) -> ControlPlane:
     """The connected cluster's control plane; with ``tasks``, after this process's own
     task records are written, so that a task that just ended is listed as ended."""
-    rt = context.require_runtime()
+    rt = current.require_runtime()
     if tasks:
         rt.owner.settle()
         rt.writer.flush()
