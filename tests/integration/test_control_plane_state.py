@@ -11,7 +11,7 @@ import numpy as np
 
 import rtml
 from rtml.control_plane import ControlPlane
-from rtml.core.context import require_runtime
+from rtml.core.current import require_runtime
 
 FLUSH_WAIT_S = 1.5  # node managers flush object changes every 0.5 s heartbeat
 DEADLINE_S = 5.0
