@@ -25,6 +25,7 @@ from rtml.core.generators import ObjectRefGenerator
 from rtml.core.job_config import JobConfig
 from rtml.core.object_ref import ObjectRef
 from rtml.core.options import check_namespace, check_timeout
+from rtml.core.progress import progress_label
 from rtml.core.remote_function import RemoteFunction
 from rtml.core.runtime import ClientConfig, ClientRuntime
 from rtml.core.runtime_context import RuntimeContext, gpu_ids
@@ -345,11 +346,22 @@ def _seconds(timeout: float | None, what: str) -> float | None:
     return float(timeout)
 
 
-def get(refs: Any, *, timeout: float | None = None) -> Any:
-    """Block for the value(s) of ``refs``; raises the task's error or GetTimeoutError."""
+def get(refs: Any, *, timeout: float | None = None, progress: bool | str = False) -> Any:
+    """Block for the value(s) of ``refs``; raises the task's error or GetTimeoutError.
+
+    ``progress``: True (or a label) shows a bar of the refs ready so far (tqdm)."""
     rt = current.require_runtime()
     ref_list, single = _as_refs(refs, "get()")
-    values = rt.get(ref_list, None if timeout is None else _seconds(timeout, "get()"))
+    label = progress_label(progress, "get")
+    seconds = None if timeout is None else _seconds(timeout, "get()")
+    if not label:
+        values = rt.get(ref_list, seconds)
+        return values[0] if single else values
+    end = rt.show_progress(ref_list, label)
+    try:
+        values = rt.get(ref_list, seconds)
+    finally:
+        end()
     return values[0] if single else values
 
 
@@ -359,11 +371,13 @@ def put(value: Any) -> ObjectRef:
 
 
 def wait(refs: list[ObjectRef], *, num_returns: int = 1, timeout: float | None = None,
-         fetch_local: bool = True) -> tuple[list[ObjectRef], list[ObjectRef]]:
+         fetch_local: bool = True, progress: bool | str = False
+         ) -> tuple[list[ObjectRef], list[ObjectRef]]:
     """Return ``(ready, not_ready)``: the first ``num_returns`` ready refs, in input order.
 
     With ``fetch_local`` (the default, as in Ray) a ref counts as ready once its value
     is on this node: objects held by other nodes are pulled here meanwhile.
+    ``progress``: True (or a label) shows a bar of the refs ready so far (tqdm).
     """
     rt = current.require_runtime()
     if isinstance(refs, ObjectRef) or not isinstance(refs, (list, tuple)):
@@ -378,7 +392,13 @@ def wait(refs: list[ObjectRef], *, num_returns: int = 1, timeout: float | None =
     if not isinstance(num_returns, int) or not 1 <= num_returns <= len(ref_list):
         raise ValueError(f"num_returns must be between 1 and len(refs)={len(ref_list)}, "
                          f"got {num_returns!r}")
-    ready = rt.wait(ref_list, ids, num_returns, timeout, bool(fetch_local))
+    label = progress_label(progress, "wait")
+    end = rt.show_progress(ref_list, label) if label else None
+    try:
+        ready = rt.wait(ref_list, ids, num_returns, timeout, bool(fetch_local))
+    finally:
+        if end is not None:
+            end()
     if len(ready) == len(ids):
         return ref_list[:num_returns], ref_list[num_returns:]
     chosen: list[ObjectRef] = []

@@ -20,6 +20,7 @@ from rtml.core.current import require_runtime
 from rtml.core.object_ref import ObjectRef
 from rtml.core.options import PlacementGroupSchedulingStrategy
 from rtml.core.remote_function import RemoteFunction
+from rtml.core.runtime import ClientRuntime
 from rtml.ids import random_id
 from rtml.rpc import messages as m
 from rtml.scheduler.bundles import STRATEGIES, check_bundles, group_of
@@ -74,7 +75,7 @@ def _reserved() -> bool:
 _READY = RemoteFunction(_reserved, {"max_retries": -1})
 
 
-def create(rt: Any, bundles: Any, strategy: str, name: str, lifetime: str | None
+def create(rt: ClientRuntime, bundles: Any, strategy: str, name: str, lifetime: str | None
            ) -> PlacementGroup:
     """Ask the head for a group; raises ValueError for bad bundles, strategy or
     lifetime."""
@@ -96,14 +97,14 @@ def create(rt: Any, bundles: Any, strategy: str, name: str, lifetime: str | None
     return PlacementGroup(pg_id, shapes)
 
 
-def info(rt: Any, pg_id: bytes = b"", name: str = "") -> m.PlacementGroupInfo:
-    reply: m.PlacementGroupInfo = rt.request(rt.head, lambda req_id: m.GetPlacementGroup(
+def info(rt: ClientRuntime, pg_id: bytes = b"", name: str = "") -> m.PlacementGroupInfo:
+    reply: m.PlacementGroupInfo = rt.links.request(rt.head, lambda req_id: m.GetPlacementGroup(
         req_id, pg_id, name, rt.config.namespace, rt.job_id or context.current_job()),
         rt.head.timeout)
     return reply
 
 
-def remove(rt: Any, group: PlacementGroup) -> None:
+def remove(rt: ClientRuntime, group: PlacementGroup) -> None:
     if not isinstance(group, PlacementGroup):
         raise TypeError(f"remove_placement_group() takes a PlacementGroup, got {group!r}")
     rt.head.send(m.RemovePlacementGroup(group.id))

@@ -49,3 +49,33 @@ class Bars:
         if state.get("closed"):
             bar.close()
             del self._bars[uuid]
+
+
+class ProgressBar:
+    """A bar over refs becoming ready, for ``get`` and ``wait`` (``progress=``): tqdm's
+    terminal bar, or its notebook widget in Jupyter. Advanced from the I/O thread as each
+    ref is ready (tqdm serializes its updates and redraws at most every 0.1 s)."""
+
+    def __init__(self, total: int, desc: str) -> None:
+        from tqdm.auto import tqdm  # (only when asked for: tqdm.auto looks for Jupyter)
+
+        self._bar = tqdm(total=total, desc=desc, unit="obj", dynamic_ncols=True)
+
+    def arrived(self, _: bytes) -> None:
+        self._bar.update(1)
+
+    def close(self) -> None:
+        self._bar.close()
+
+
+def progress_label(progress: object, default: str) -> str:
+    """The bar's label for a ``progress=`` option: ``default`` for True, else the text
+    given; "" for False or None (no bar). Raises TypeError naming the option otherwise."""
+    if progress is None or progress is False:
+        return ""
+    if progress is True:
+        return default
+    if isinstance(progress, str) and progress:
+        return progress
+    raise TypeError(f"progress= takes True (a bar), a non-empty str (a bar with that label) "
+                    f"or False, got {progress!r}")

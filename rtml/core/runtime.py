@@ -46,7 +46,7 @@ from rtml.core.links import ClientConfig, ClientLinks, Handlers
 from rtml.core.memory_store import IN_STORE, Entry, MemoryStore, StoredError
 from rtml.core.object_ref import ObjectRef
 from rtml.core.owner import TaskOwner
-from rtml.core.progress import Bars
+from rtml.core.progress import Bars, ProgressBar
 from rtml.core.serialization import Serialized, from_payload, serialize
 from rtml.core.shared_objects import SharedObjects, raise_unavailable
 from rtml.exceptions import (
@@ -504,6 +504,18 @@ class ClientRuntime:
         req_id = self.links.ask(self.nm, lambda rid: m.WaitObject(rid, object_id, owner, node_id),
                           lambda msg: callback(object_id))
         return lambda: self.links.forget_reply(req_id)
+
+    def show_progress(self, refs: list[ObjectRef], label: str) -> Callable[[], None]:
+        """Show a bar labelled ``label`` that advances as each of ``refs`` is ready (a
+        ``get`` or ``wait`` with ``progress=``); returns what ends it."""
+        unique = list({ref.id: ref for ref in refs}.values())
+        bar = ProgressBar(len(unique), label)
+        cancel = self.on_ready(unique, bar.arrived)
+
+        def end() -> None:
+            cancel()
+            bar.close()
+        return end
 
     def future(self, ref: ObjectRef) -> concurrent.futures.Future[Any]:
         """A future of ``ref``'s value. No closures: compiled, a closure's environment and

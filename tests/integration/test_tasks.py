@@ -562,3 +562,20 @@ def test_code_planted_under_a_functions_id_is_not_run() -> None:
     planted = cloudpickle.dumps(lambda: "planted")
     rt.plane._client.execute("SET", key, planted)
     assert rtml.get([honest.remote() for _ in range(8)], timeout=60) == ["honest"] * 8
+
+
+def test_get_and_wait_show_a_progress_bar_of_the_refs_ready(capsys) -> None:
+    refs = [add.remote(i, 1) for i in range(20)]
+    assert rtml.get(refs, progress="adding") == list(range(1, 21))
+    err = capsys.readouterr().err
+    assert "adding" in err and "20/20" in err
+    slow = timed_sleep.remote(0.5)
+    one, two = rtml.put(1), rtml.put(2)
+    ready, rest = rtml.wait([slow, one, two], num_returns=2, progress=True)
+    assert ready == [one, two] and rest == [slow]
+    err = capsys.readouterr().err
+    assert "wait" in err and "2/3" in err  # the slow one was not ready when it returned
+    assert rtml.get(slow, progress=False)[1] > 0
+    assert capsys.readouterr().err == ""  # no bar asked for, none drawn
+    with pytest.raises(TypeError, match="progress= takes True"):
+        rtml.get(refs, progress=3)  # type: ignore[arg-type]
