@@ -182,7 +182,10 @@ def test_a_head_on_the_users_own_redis_starts_none_and_leaves_it_running(
                     started.stdout)
         run_driver_through_head_kill(head)
         plane = ControlPlane(server.host, server.port, "rtml-pw", user="rtml")
-        assert any(job["IsDead"] for job in plane.list_jobs())  # rtml wrote there
+        deadline = time.monotonic() + 10  # the head records the job's end as it writes:
+        while not any(job["IsDead"] for job in plane.list_jobs()):  # after the driver left
+            assert time.monotonic() < deadline, plane.list_jobs()  # rtml wrote there
+            time.sleep(0.05)
         plane.close()
     finally:
         test_cli._stop(session_dir, tmp_path)
