@@ -59,7 +59,7 @@ class ClientConfig:
 class Handlers:
     """What the runtime does with what its daemons send unasked (reactor thread)."""
 
-    nm_message: Callable[[Connection, Any, NodeID], None]  # (conn, msg, node id; b"": ours)
+    nm_message: Callable[[Connection, Any, NodeID], None]  # (conn, msg, node id; NO_NODE: ours)
     nm_closed: Callable[[Connection, str], None]
     remote_nm_closed: Callable[[NodeID], None]  # another node's manager, by node id
     head_message: Handler

@@ -58,7 +58,7 @@ from rtml.exceptions import (
     RtmlSystemError,
     TaskError,
 )
-from rtml.ids import NO_NODE, ClientID, NodeID, ObjectID, new_task_id, object_id_for
+from rtml.ids import NO_NODE, ClientID, JobID, NodeID, ObjectID, new_task_id, object_id_for
 from rtml.rpc import messages as m
 from rtml.rpc.reactor import Connection, Flag
 
@@ -106,7 +106,7 @@ class ClientRuntime:
         self.closed = False
         self._warned_shapes: set[tuple[tuple[str, float], ...]] = set()
         self.bars = Bars()  # remote tasks' progress bars (tqdm_ray), drawn here
-        self.job_lifetimes: dict[bytes, str] = {}  # jobs' default actor lifetimes, as known
+        self.job_lifetimes: dict[JobID, str] = {}  # jobs' default actor lifetimes, as known
         self.writer = BatchedWriter(self.plane)
         self.store = MemoryStore()
         self.shared = SharedObjects(links)

@@ -424,7 +424,7 @@ class RuntimeParts(Protocol):
     plane: ControlPlane
 
 
-_resolved: dict[tuple[bytes, str], str] = {}
+_resolved: dict[tuple[ClientID, str], str] = {}
 """(runtime's client id, the env as given) -> its wire form merged with the runtime's."""
 
 

@@ -35,11 +35,11 @@ class NodeLinks:
         self.token = token
         self.hello = hello
         self.on_answer = on_answer
-        self.addresses: dict[bytes, str] = {}
-        self._clients: dict[bytes, FramedClient] = {}
-        self._queues: dict[bytes, list[m.Msg]] = {}
-        self._tasks: dict[bytes, asyncio.Task[None]] = {}
-        self._fences: dict[bytes, dict[int, asyncio.Future[None]]] = {}
+        self.addresses: dict[NodeID, str] = {}
+        self._clients: dict[NodeID, FramedClient] = {}
+        self._queues: dict[NodeID, list[m.Msg]] = {}
+        self._tasks: dict[NodeID, asyncio.Task[None]] = {}
+        self._fences: dict[NodeID, dict[int, asyncio.Future[None]]] = {}
         self._fence_ids = itertools.count(1)
 
     def send(self, node_id: NodeID, msg: m.Msg) -> None:

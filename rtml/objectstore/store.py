@@ -43,7 +43,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from rtml.ids import ClientID, ObjectID
+from rtml.ids import NO_OBJECT, ClientID, ObjectID
 
 __all__ = [
     "RESTORING",
@@ -220,7 +220,7 @@ class StoreCore:
     def make_room(self, size: int) -> list[Command]:
         """Spill least-recently-used objects until ``size`` more bytes fit (as far as
         spilling can), for an object about to be created; then :meth:`reserve`."""
-        return self._make_room(size, exclude=b"")
+        return self._make_room(size, exclude=NO_OBJECT)
 
     def reserve(self, object_id: ObjectID, size: int, creator: ClientID) -> bool:
         """Reserve ``size`` bytes for ``object_id``, about to be created by ``creator``:
@@ -460,7 +460,7 @@ class StoreCore:
         commands.append(Restore(object_id, entry.size))
         return commands
 
-    def _make_room(self, incoming: int, exclude: bytes) -> list[Command]:
+    def _make_room(self, incoming: int, exclude: ObjectID) -> list[Command]:
         """Spill least-recently-used SEALED objects until ``incoming`` more bytes fit."""
         commands: list[Command] = []
         victims = iter(list(self._lru))

@@ -42,7 +42,15 @@ from rtml.exceptions import (
     TaskCancelledError,
     TaskError,
 )
-from rtml.ids import NO_ACTOR, NO_NODE, ObjectID, TaskID, first_return_id, object_id_for
+from rtml.ids import (
+    NO_ACTOR,
+    NO_NODE,
+    UNKNOWN_JOB,
+    ObjectID,
+    TaskID,
+    first_return_id,
+    object_id_for,
+)
 from rtml.rpc import messages as m
 from rtml.rpc.reactor import Connection
 
@@ -83,7 +91,7 @@ class Executor:
         self.rt = rt
         self.pushed: dict[bytes, bytes] = {}  # functions owners sent, until first loaded
         self.current: bytes | None = None
-        self.current_job = b""  # whose task last ran here: its drivers get our output
+        self.current_job = UNKNOWN_JOB  # whose task last ran here: its drivers get our output
         self.cancelled: set[TaskID] = set()
         self.calls: dict[bytes, int] = {}  # runs by function, of those with max_calls
         context.set_cancelled(self.cancelled)  # what a task's is_canceled() reads
