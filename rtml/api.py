@@ -29,7 +29,7 @@ from rtml.core.progress import progress_label
 from rtml.core.remote_function import RemoteFunction
 from rtml.core.runtime import ClientConfig, ClientRuntime
 from rtml.core.runtime_context import RuntimeContext, gpu_ids
-from rtml.ids import new_job_id
+from rtml.ids import NO_ACTOR, new_job_id
 from rtml.rpc import messages as m
 from rtml.scheduler.resources import bad_amount
 from rtml.session import Session, default_session_dir, fresh_session_dir, new_token
@@ -444,7 +444,7 @@ def get_actor(name: str, namespace: str | None = None) -> ActorHandle:
     ns = rt.config.namespace if namespace is None else namespace  # a worker's: its job's
     job_id = rt.job_id or context.current_job()
     info: m.ActorInfo = rt.links.request(rt.head, lambda req_id: m.GetActorInfo(
-        req_id, b"", name=name, namespace=ns, wait_ready=False, job_id=job_id),
+        req_id, NO_ACTOR, name=name, namespace=ns, wait_ready=False, job_id=job_id),
         rt.head.timeout)
     if info.state in ("MISSING", "DEAD") or info.spec is None:
         where = f"namespace {ns!r}" if ns else "this job's namespace"

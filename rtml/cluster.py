@@ -38,7 +38,7 @@ from rtml.control_plane import (
     tls_text,
 )
 from rtml.exceptions import ProtocolError, RtmlSystemError
-from rtml.ids import random_id
+from rtml.ids import new_client_id
 from rtml.rpc import messages as m
 from rtml.rpc.client import make_hello, request
 from rtml.session import Session, process_start_time
@@ -453,7 +453,7 @@ def find_local_node(head_address: str, token: str, node_id: str = "") -> tuple[s
 def cluster_nodes(head_address: str, token: str, timeout: float = 10.0) -> list[m.NodeInfo]:
     """The head's node table. Raises ConnectionError naming the address."""
     try:
-        reply = request(head_address, token, make_hello("cli", random_id()),
+        reply = request(head_address, token, make_hello("cli", new_client_id()),
                         m.GetClusterInfo(1), m.ClusterInfo, timeout)
     except ProtocolError as exc:
         raise ConnectionError(f"the head at {head_address} refused us: {exc}") from None

@@ -9,6 +9,8 @@ import json
 import os
 from dataclasses import dataclass, field
 
+from rtml.ids import ClientID, WorkerID
+
 INLINE_MAX = 100 * 1024
 """Values up to this many bytes travel inline and live in the owner's memory."""
 
@@ -148,7 +150,7 @@ class WorkerConfig:
     nm_address: str  # "unix:/path" of its node manager
     head_address: str
     node_ip: str  # where it listens for owners on other nodes
-    worker_id: bytes
+    worker_id: WorkerID
     runtime_env: str = ""  # the env it is started for (rtml.worker.runtime_env); "" none
 
     def to_json(self) -> str:
@@ -159,4 +161,4 @@ class WorkerConfig:
     def from_json(cls, text: str) -> WorkerConfig:
         fields = json.loads(text)
         return cls(**{**fields, "token": os.environ[TOKEN_ENV],
-                      "worker_id": bytes.fromhex(fields["worker_id"])})
+                      "worker_id": WorkerID(ClientID(bytes.fromhex(fields["worker_id"])))})

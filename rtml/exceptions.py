@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rtml.ids import NO_OBJECT, ObjectID
+
 
 class RtmlError(Exception):
     """Base of every rtml error."""
@@ -123,7 +125,7 @@ class ObjectLostError(RtmlError):
     ``object_id``: the lost object's id, when known.
     """
 
-    def __init__(self, message: str = "", object_id: bytes = b"") -> None:
+    def __init__(self, message: str = "", object_id: ObjectID = NO_OBJECT) -> None:
         super().__init__(message)
         self.object_id = object_id
 

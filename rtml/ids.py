@@ -11,20 +11,35 @@ from __future__ import annotations
 import itertools
 import os
 import struct
-from typing import NewType
+from typing import Final, NewType
 
 TaskID = NewType("TaskID", bytes)
 ObjectID = NewType("ObjectID", bytes)
 NodeID = NewType("NodeID", bytes)
-WorkerID = NewType("WorkerID", bytes)
+ClientID = NewType("ClientID", bytes)
+"""A process connected to a node manager: a driver, a worker, the CLI. Objects and
+tasks name their owner by it."""
+WorkerID = NewType("WorkerID", ClientID)
+"""A worker is a client whose client id is its worker id (a ``WorkerID`` is a
+``ClientID``)."""
 ActorID = NewType("ActorID", bytes)
 JobID = NewType("JobID", bytes)
+PlacementGroupID = NewType("PlacementGroupID", bytes)
 
 TASK_ID_SIZE = 16
 OBJECT_ID_SIZE = TASK_ID_SIZE + 4
 JOB_ID_SIZE = 4
-NO_JOB = JobID(bytes(JOB_ID_SIZE))
+NO_JOB: Final = JobID(bytes(JOB_ID_SIZE))
 """The job part of the ids made outside any job (none is known)."""
+NO_NODE: Final = NodeID(b"")
+"""A message's node field when no node is named (the receiver's, or none)."""
+NO_OBJECT: Final = ObjectID(b"")
+NO_CLIENT: Final = ClientID(b"")
+NO_ACTOR: Final = ActorID(b"")
+NO_TASK: Final = TaskID(b"")
+NO_GROUP: Final = PlacementGroupID(b"")
+UNKNOWN_JOB: Final = JobID(b"")
+"""A message's job field when the sender names none (not ``NO_JOB``, a job part)."""
 
 _prefix = os.urandom(6)
 _counter = itertools.count(1)
@@ -41,7 +56,7 @@ def _reseed_after_fork() -> None:
 os.register_at_fork(after_in_child=_reseed_after_fork)
 
 
-def new_task_id(job_id: bytes) -> TaskID:
+def new_task_id(job_id: JobID) -> TaskID:
     """A task id of ``job_id``, unique across the cluster (job, random 6-byte prefix of
     this process, counter). Over 1,000 processes of one job, two prefixes collide with
     a chance of 2e-9."""
@@ -55,12 +70,12 @@ def object_id_for(task_id: TaskID, index: int) -> ObjectID:
     return ObjectID(task_id + _INDEX.pack(index))
 
 
-def first_return_id(task_id: bytes) -> ObjectID:
+def first_return_id(task_id: TaskID) -> ObjectID:
     """``object_id_for(task_id, 1)``, with the index packed once: a lone return's id."""
     return ObjectID(task_id + _FIRST)
 
 
-def task_of(object_id: bytes) -> TaskID:
+def task_of(object_id: ObjectID) -> TaskID:
     """The id of the task that created ``object_id``."""
     return TaskID(object_id[:TASK_ID_SIZE])
 
@@ -71,8 +86,29 @@ def job_of(task_or_object_id: bytes) -> JobID:
 
 
 def random_id(size: int = 16) -> bytes:
-    """A random id for nodes, workers, actors and leases."""
+    """Random bytes: the body of the ids below."""
     return os.urandom(size)
+
+
+def new_client_id() -> ClientID:
+    return ClientID(random_id())
+
+
+def new_worker_id() -> WorkerID:
+    return WorkerID(new_client_id())
+
+
+def new_actor_id() -> ActorID:
+    return ActorID(random_id())
+
+
+def new_placement_group_id() -> PlacementGroupID:
+    return PlacementGroupID(random_id())
+
+
+def new_node_id() -> NodeID:
+    """This process's pid (4 bytes, to tell nodes apart in logs) and 12 random bytes."""
+    return NodeID(os.getpid().to_bytes(4, "big") + random_id(12))
 
 
 def new_job_id() -> JobID:

@@ -33,7 +33,7 @@ from rtml.config import NodeConfig, default_object_store_memory
 from rtml.control_plane import RedisAddress
 from rtml.daemon import pid_alive
 from rtml.exceptions import ProtocolError, RtmlSystemError
-from rtml.ids import random_id
+from rtml.ids import new_client_id
 from rtml.rpc.client import FramedClient, make_hello
 from rtml.scheduler.resources import bad_amount
 from rtml.session import Session, default_session_dir, new_token, process_start_time
@@ -211,7 +211,7 @@ def _hello_head(address: str, token: str) -> dict[str, str]:
     """
     async def hello() -> dict[str, str]:
         client, reply = await FramedClient.connect(
-            address, token, make_hello("cli", random_id()), timeout=HELLO_TIMEOUT)
+            address, token, make_hello("cli", new_client_id()), timeout=HELLO_TIMEOUT)
         client.close()
         return dict(reply.info)
 

@@ -43,6 +43,7 @@ from rtml.control_plane.resp import (
     Script,
 )
 from rtml.exceptions import RtmlSystemError
+from rtml.ids import ActorID, JobID, NodeID, ObjectID, PlacementGroupID
 
 COMMANDS = ("PING", "INFO", "GET", "SET", "DEL", "EXISTS", "HSET", "HDEL", "HGETALL", "HSCAN",
             "SADD", "SREM", "SMEMBERS", "SSCAN", "ZADD", "ZREM", "ZRANGE", "XADD", "XRANGE",
@@ -117,7 +118,7 @@ def _unpack(raw: list[bytes]) -> dict[str, Any]:
 LOCATION_PREFIX = "loc:"
 
 
-def location_field(node_id: bytes) -> str:
+def location_field(node_id: NodeID) -> str:
     """The object-record field that says ``node_id`` holds a copy (value: its state)."""
     return LOCATION_PREFIX + node_id.hex()
 
@@ -272,7 +273,7 @@ class ControlPlane:
     # -- nodes --------------------------------------------------------------------
 
     @_redis_errors
-    def put_node(self, node_id: bytes, info: dict[str, Any]) -> None:
+    def put_node(self, node_id: NodeID, info: dict[str, Any]) -> None:
         """Register (or re-register) a live node; ``info`` fields are merged in."""
         hex_id = node_id.hex()
         fields = {"NodeManagerAddress": info.get("address", ""),
@@ -282,7 +283,7 @@ class ControlPlane:
                            ("SADD", self.keys.nodes, hex_id)])
 
     @_redis_errors
-    def heartbeat(self, node_id: bytes, available: dict[str, float],
+    def heartbeat(self, node_id: NodeID, available: dict[str, float],
                   pending_shapes: list[dict[str, Any]]) -> None:
         """Record a node's free resources, the shapes it cannot place, and the time."""
         hex_id = node_id.hex()
@@ -296,7 +297,7 @@ class ControlPlane:
         self._transaction([_hset(self.keys.node(hex_id), fields), demand])
 
     @_redis_errors
-    def mark_node_dead(self, node_id: bytes) -> None:
+    def mark_node_dead(self, node_id: NodeID) -> None:
         """Record that a node is dead; its pending demand no longer counts."""
         hex_id = node_id.hex()
         fields = {"Alive": False, "DeathTime": time.time()}
@@ -317,7 +318,7 @@ class ControlPlane:
     # -- jobs ---------------------------------------------------------------------
 
     @_redis_errors
-    def put_job(self, job_id: bytes, info: dict[str, Any]) -> None:
+    def put_job(self, job_id: JobID, info: dict[str, Any]) -> None:
         """Register a running job; ``info`` fields are merged in."""
         hex_id = job_id.hex()
         fields = {"StartTime": time.time(), **info, "JobID": hex_id, "IsDead": False}
@@ -325,7 +326,7 @@ class ControlPlane:
                            ("SADD", self.keys.jobs, hex_id)])
 
     @_redis_errors
-    def finish_job(self, job_id: bytes) -> None:
+    def finish_job(self, job_id: JobID) -> None:
         """Record that a job's driver has finished (exited, or died)."""
         now = time.time()
         fields = {"IsDead": True, "EndTime": now, "status": "FINISHED", "end_ts": now}
@@ -363,7 +364,7 @@ class ControlPlane:
     # -- placement groups -------------------------------------------------------
 
     @_redis_errors
-    def put_placement_group(self, pg_id: bytes, info: dict[str, Any]) -> None:
+    def put_placement_group(self, pg_id: PlacementGroupID, info: dict[str, Any]) -> None:
         """Create or overwrite a placement group's record (spec, state, nodes)."""
         hex_id = pg_id.hex()
         self._transaction([("DEL", self.keys.placement_group(hex_id)),
@@ -371,7 +372,7 @@ class ControlPlane:
                            ("SADD", self.keys.placement_groups, hex_id)])
 
     @_redis_errors
-    def delete_placement_group(self, pg_id: bytes) -> None:
+    def delete_placement_group(self, pg_id: PlacementGroupID) -> None:
         """Forget a removed placement group."""
         hex_id = pg_id.hex()
         self._transaction([("DEL", self.keys.placement_group(hex_id)),
@@ -499,14 +500,14 @@ class ControlPlane:
     # -- objects ------------------------------------------------------------------
 
     @_redis_errors
-    def put_object(self, object_id: bytes, info: dict[str, Any]) -> None:
+    def put_object(self, object_id: ObjectID, info: dict[str, Any]) -> None:
         """Create or merge into an object's record (owner, size, locations...)."""
         hex_id = object_id.hex()
         self._transaction([_hset(self.keys.object(hex_id), {**info, "object_id": hex_id}),
                            ("SADD", self.keys.objects, hex_id)])
 
     @_redis_errors
-    def remove_objects(self, object_ids: list[bytes]) -> None:
+    def remove_objects(self, object_ids: list[ObjectID]) -> None:
         """Forget the records of freed objects."""
         if not object_ids:
             return
@@ -515,8 +516,8 @@ class ControlPlane:
                            ("SREM", self.keys.objects, *hex_ids)])
 
     @_redis_errors
-    def write_objects(self, puts: dict[bytes, dict[str, Any]], removes: list[bytes],
-                      drop_fields: dict[bytes, list[str]] | None = None) -> None:
+    def write_objects(self, puts: dict[ObjectID, dict[str, Any]], removes: list[ObjectID],
+                      drop_fields: dict[ObjectID, list[str]] | None = None) -> None:
         """Merge ``puts`` into their records, delete ``drop_fields`` from them and forget
         ``removes``, in one round trip.
 
@@ -541,11 +542,12 @@ class ControlPlane:
         self._client.pipeline(commands)
 
     @_redis_errors
-    def object_locations(self, object_ids: list[bytes]) -> dict[bytes, list[bytes]]:
+    def object_locations(self, object_ids: list[ObjectID]) -> dict[ObjectID, list[NodeID]]:
         """The nodes holding a copy of each object that has a record (one round trip)."""
         records = self._hashes(self.keys.object, [oid.hex() for oid in object_ids])
-        return {bytes.fromhex(hex_id): [bytes.fromhex(k[len(LOCATION_PREFIX):])
-                                        for k in record if k.startswith(LOCATION_PREFIX)]
+        return {ObjectID(bytes.fromhex(hex_id)):
+                [NodeID(bytes.fromhex(k[len(LOCATION_PREFIX):]))
+                 for k in record if k.startswith(LOCATION_PREFIX)]
                 for hex_id, record in records}
 
     @_redis_errors
@@ -565,14 +567,14 @@ class ControlPlane:
     # -- actors -------------------------------------------------------------------
 
     @_redis_errors
-    def put_actor(self, actor_id: bytes, info: dict[str, Any]) -> None:
+    def put_actor(self, actor_id: ActorID, info: dict[str, Any]) -> None:
         """Create or merge into an actor's record (spec, state, address, restarts...)."""
         hex_id = actor_id.hex()
         self._transaction([_hset(self.keys.actor(hex_id), {**info, "actor_id": hex_id}),
                            ("SADD", self.keys.actors, hex_id)])
 
     @_redis_errors
-    def get_actor(self, actor_id: bytes) -> dict[str, Any] | None:
+    def get_actor(self, actor_id: ActorID) -> dict[str, Any] | None:
         """The actor's record with values as stored (bytes stay bytes), or None."""
         raw = self._client.execute("HGETALL", self.keys.actor(actor_id.hex()))
         return _unpack(raw) if raw else None
@@ -592,20 +594,20 @@ class ControlPlane:
                 self._hashes(self.keys.actor, self._members(self.keys.actors))]
 
     @_redis_errors_no_resend  # a resent SET NX that had succeeded would answer "taken"
-    def set_named_actor(self, namespace: str, name: str, actor_id: bytes) -> bool:
+    def set_named_actor(self, namespace: str, name: str, actor_id: ActorID) -> bool:
         """Claim ``name`` in ``namespace`` for ``actor_id``; False if already taken."""
         reply = self._client.execute("SET", self.keys.named_actor(namespace, name), actor_id,
                                      "NX", idempotent=False)
         return reply is not None
 
     @_redis_errors
-    def get_named_actor(self, namespace: str, name: str) -> bytes | None:
+    def get_named_actor(self, namespace: str, name: str) -> ActorID | None:
         """The id of the actor holding ``name`` in ``namespace``, or None."""
         reply: bytes | None = self._client.execute("GET", self.keys.named_actor(namespace, name))
-        return reply
+        return None if reply is None else ActorID(reply)
 
     @_redis_errors
-    def delete_named_actor(self, namespace: str, name: str, actor_id: bytes) -> None:
+    def delete_named_actor(self, namespace: str, name: str, actor_id: ActorID) -> None:
         """Release ``name`` only if it still maps to ``actor_id`` (atomic)."""
         self._delete_if_equal(keys=[self.keys.named_actor(namespace, name)], args=[actor_id])
 
@@ -621,7 +623,7 @@ class ControlPlane:
                                 _encoder.encode(event)) for event in events])
 
     @_redis_errors
-    def read_events(self, job_id: bytes | None = None,
+    def read_events(self, job_id: JobID | None = None,
                     count: int = 100000) -> list[dict[str, Any]]:
         """The oldest ``count`` events in append order, optionally only one job's."""
         entries: list[list[Any]]  # [entry id, [field, value, ...]]

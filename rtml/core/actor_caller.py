@@ -23,6 +23,7 @@ from rtml.core.links import ClientLinks
 from rtml.core.object_ref import ObjectRef
 from rtml.core.tasks import TaskEvents, TaskRecord
 from rtml.exceptions import ActorDiedError, ActorUnavailableError, RtmlSystemError
+from rtml.ids import NO_NODE, ActorID, NodeID, ObjectID, TaskID
 from rtml.rpc import messages as m
 from rtml.rpc.reactor import Connection
 
@@ -37,7 +38,7 @@ HOLD_MAX = 8
 class ActorCaller:
     """This process's ordered channel to one actor."""
 
-    def __init__(self, links: ClientLinks, events: TaskEvents, actor_id: bytes,
+    def __init__(self, links: ClientLinks, events: TaskEvents, actor_id: ActorID,
                  max_task_retries: int) -> None:
         self.links = links
         self.events = events
@@ -46,11 +47,11 @@ class ActorCaller:
         self.conn: Connection | None = None
         self.resolving = False
         self.queue: deque[TaskRecord] = deque()
-        self.inflight: dict[bytes, TaskRecord] = {}
+        self.inflight: dict[TaskID, TaskRecord] = {}
         self.dead_error = ""
         self.address = ""
         self.last_address = ""
-        self.node_id = b""
+        self.node_id = NO_NODE
         self.keep_alive: list[Any] = []
         self.created: m.ActorSpec | None = None  # this process created it: its spec
         self.sequential = False  # runs one call at a time: not threaded, not async
@@ -251,7 +252,7 @@ class ActorCaller:
         self.events.fail_task(record, ActorDiedError(
             f"actor call {name!r} failed: the actor {self.actor_id.hex()[:12]} is dead: {text}"))
 
-    def node_died(self, node_id: bytes) -> None:
+    def node_died(self, node_id: NodeID) -> None:
         """The actor's node is gone: drop the connection (its calls retry or fail)."""
         conn = self.conn
         if conn is not None and self.node_id == node_id:
@@ -283,10 +284,10 @@ class ActorLives:
     def __init__(self, links: ClientLinks, events: TaskEvents) -> None:
         self.links = links
         self.events = events
-        self.actors: dict[bytes, bytes] = {}  # life object -> its actor
-        self._pinned: dict[bytes, ObjectRef] = {}
+        self.actors: dict[ObjectID, ActorID] = {}  # life object -> its actor
+        self._pinned: dict[ObjectID, ObjectRef] = {}
 
-    def add(self, life: ObjectRef, actor_id: bytes) -> None:
+    def add(self, life: ObjectRef, actor_id: ActorID) -> None:
         """``life``, a new object owned here, is ``actor_id``'s life: its ref goes into
         the actor's handles."""
         with self.links.lock:
@@ -296,7 +297,7 @@ class ActorLives:
         with self.links.lock:
             self._pinned[life.id] = life
 
-    def freed(self, object_id: bytes, promoted: bool) -> None:
+    def freed(self, object_id: ObjectID, promoted: bool) -> None:
         """Its owner let go of life object ``object_id`` (under the runtime lock). Never
         promoted, it is gone: its actor ends now; else its node manager ends it."""
         actor_id = self.actors.pop(object_id, None)

@@ -37,7 +37,7 @@ from rtml.core.options import (
 from rtml.core.remote_function import Exported
 from rtml.core.serialization import recording_contained, serialize
 from rtml.core.signatures import CallCheck
-from rtml.ids import random_id
+from rtml.ids import ActorID, new_actor_id
 from rtml.rpc import messages as m
 from rtml.scheduler.bundles import group_of
 from rtml.scheduler.resources import task_shape
@@ -131,7 +131,7 @@ class ActorClass(Exported):
                                             options.get("memory"), options.get("resources"),
                                             default_cpus=0), captured)
         spec = m.ActorSpec(
-            actor_id=random_id(), job_id=rt.job_id or context.current_job(),
+            actor_id=new_actor_id(), job_id=rt.job_id or context.current_job(),
             owner_id=rt.client_id, class_id=class_id,
             class_name=self.__name__, args=built.args, kwarg_names=built.kwarg_names,
             shape=place, hold_shape=hold,
@@ -260,7 +260,7 @@ class ActorHandle:
     actor that is not ended by its handles (named or detached).
     """
 
-    def __init__(self, actor_id: bytes, class_name: str, methods: dict[str, dict[str, Any]],
+    def __init__(self, actor_id: ActorID, class_name: str, methods: dict[str, dict[str, Any]],
                  max_task_retries: int, life: ObjectRef | None = None,
                  checks: dict[str, CallCheck] | None = None) -> None:
         self._actor_id = actor_id
@@ -306,7 +306,7 @@ class ActorMethod:
 
     def __init__(self, source: ActorHandle | ActorMethod, name: str,
                  options: dict[str, Any]) -> None:
-        self._actor_id: bytes = source._actor_id
+        self._actor_id: ActorID = source._actor_id
         self._class_name: str = source._class_name
         self._max_task_retries: int = source._max_task_retries
         self._life: ObjectRef | None = source._life
@@ -348,7 +348,7 @@ class ActorMethod:
                                   self._name, self._opts, self._life, self._check))
 
 
-def _rebuild_method(actor_id: bytes, class_name: str, max_task_retries: int, name: str,
+def _rebuild_method(actor_id: ActorID, class_name: str, max_task_retries: int, name: str,
                     options: dict[str, Any], life: ObjectRef | None = None,
                     check: CallCheck | None = None) -> ActorMethod:
     handle = ActorHandle(actor_id, class_name, {name: options}, max_task_retries, life,

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from rtml.config import INLINE_MAX
 from rtml.core.object_ref import ObjectRef
 from rtml.core.serialization import plain_payload, serialize
+from rtml.ids import ObjectID
 from rtml.rpc import messages as m
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ class BuiltArgs:
         self.kwarg_names = kwarg_names
         self.keep_alive: list[Any] = []  # refs the task needs until it ends
         self.pending: list[tuple[int, ObjectRef]] = []  # owned refs not produced yet
-        self.contained: list[bytes] = []  # ids of refs pickled inside the arguments
+        self.contained: list[ObjectID] = []  # ids of refs pickled inside the arguments
         self.error: m.Payload | None = None  # an argument that is a stored error
 
 

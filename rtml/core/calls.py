@@ -15,7 +15,7 @@ from rtml.core.generators import ObjectRefGenerator, Stream
 from rtml.core.object_ref import ObjectRef
 from rtml.core.options import DYNAMIC
 from rtml.core.submitter import TaskRecord
-from rtml.ids import first_return_id, new_task_id, object_id_for
+from rtml.ids import NO_ACTOR, ActorID, first_return_id, new_task_id, object_id_for
 from rtml.rpc import messages as m
 from rtml.scheduler.resources import Shape
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 def submit_call(rt: ClientRuntime, *, name: str, function_id: bytes, args: tuple[Any, ...],
                 kwargs: dict[str, Any], num_returns: int, shape: Shape, max_retries: int,
-                retry_exceptions: Any, actor_id: bytes = b"", method: str = "",
+                retry_exceptions: Any, actor_id: ActorID = NO_ACTOR, method: str = "",
                 key: tuple[Any, ...] = (), keep: Any = None,
                 resources: dict[str, float] | None = None, group: str = "",
                 max_calls: int = 0, capture: str = "") -> Any:
@@ -78,4 +78,3 @@ def submit_call(rt: ClientRuntime, *, name: str, function_id: bytes, args: tuple
     refs = [ObjectRef(oid, rt.client_id) for oid in return_ids]
     rt.owner.submit(record, built.pending, built.error)
     return refs or None
-

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextvars
 
+from rtml.ids import UNKNOWN_JOB, JobID, TaskID
 from rtml.rpc import messages as m
 
 _task: contextvars.ContextVar[m.TaskSpec | None] = contextvars.ContextVar("rtml_task",
@@ -32,24 +33,25 @@ def captured_group() -> str:
     return actor.spec.capture_group if actor is not None else ""
 
 
-def current_task() -> bytes | None:
+def current_task() -> TaskID | None:
     """The id of the task (or actor call) running in this thread or asyncio task, if any."""
     spec = _task.get()
     return None if spec is None else spec.task_id
 
-_job_id: contextvars.ContextVar[bytes] = contextvars.ContextVar("rtml_job_id", default=b"")
-_process_job = b""  # an actor's: its job, for every call it serves
+_job_id: contextvars.ContextVar[JobID] = contextvars.ContextVar("rtml_job_id",
+                                                               default=UNKNOWN_JOB)
+_process_job = UNKNOWN_JOB  # an actor's: its job, for every call it serves
 
 set_task_job = _job_id.set
 """Set the job of the task running in this thread (a worker serves many jobs' tasks)."""
 
 
-def set_process_job(job_id: bytes) -> None:
+def set_process_job(job_id: JobID) -> None:
     global _process_job
     _process_job = job_id
 
 
-def current_job() -> bytes:
+def current_job() -> JobID:
     """In a worker, the job of the code running here: the running task's, else this
     actor's. A driver's is its runtime's ``job_id`` (callers look at that first: it
     saves a driver this call on every submission)."""
@@ -66,7 +68,7 @@ class ActorProcess:
 
 
 _actor: ActorProcess | None = None
-_cancelled: set[bytes] = set()
+_cancelled: set[TaskID] = set()
 """Tasks cancelled while queued or running here (the worker's executor owns the set)."""
 
 
@@ -79,11 +81,11 @@ def current_actor() -> ActorProcess | None:
     return _actor
 
 
-def set_cancelled(cancelled: set[bytes]) -> None:
+def set_cancelled(cancelled: set[TaskID]) -> None:
     """Give ``is_cancelled`` the executor's set of cancelled tasks."""
     global _cancelled
     _cancelled = cancelled
 
 
-def is_cancelled(task_id: bytes) -> bool:
+def is_cancelled(task_id: TaskID) -> bool:
     return task_id in _cancelled

@@ -24,7 +24,7 @@ from typing import Any
 from rtml.core.links import ClientLinks
 from rtml.core.object_ref import ObjectRef
 from rtml.exceptions import GetTimeoutError
-from rtml.ids import TaskID, object_id_for
+from rtml.ids import ObjectID, TaskID, object_id_for
 from rtml.rpc.reactor import Flag
 
 
@@ -89,7 +89,7 @@ class ObjectRefGenerator:
     ``async for``); ``rtml.get(ref)`` raises the task's error at the item where it
     failed. ``rtml.cancel(gen)`` stops the task."""
 
-    def __init__(self, links: ClientLinks, task_id: bytes, stream: Stream,
+    def __init__(self, links: ClientLinks, task_id: TaskID, stream: Stream,
                  completed: ObjectRef) -> None:
         self._links = links
         self._task_id = task_id
@@ -145,8 +145,8 @@ class ObjectRefGenerator:
                 return ref
             await asyncio.wrap_future(arrived)
 
-    def _next_id(self) -> bytes:
-        return object_id_for(TaskID(self._task_id), self._stream.received + 2)
+    def _next_id(self) -> ObjectID:
+        return object_id_for(self._task_id, self._stream.received + 2)
 
     def completed(self) -> ObjectRef:
         """A ref set when the task has ended: its value is None, or the task's error."""
@@ -158,7 +158,7 @@ class ObjectRefGenerator:
             return self._stream.ended and not self._stream.refs
 
     def task_id(self) -> TaskID:
-        return TaskID(self._task_id)
+        return self._task_id
 
     def __del__(self) -> None:
         stream = getattr(self, "_stream", None)

@@ -30,7 +30,7 @@ from rtml import objectstore
 from rtml.config import default_head_timeout
 from rtml.core.head_link import HeadLink
 from rtml.exceptions import GetTimeoutError, RtmlSystemError
-from rtml.ids import random_id
+from rtml.ids import NO_NODE, UNKNOWN_JOB, ClientID, JobID, NodeID, ObjectID, new_client_id
 from rtml.rpc import messages as m
 from rtml.rpc.client import make_hello
 from rtml.rpc.reactor import CloseHandler, Connection, Flag, Handler, Reactor, open_connection
@@ -47,8 +47,8 @@ class ClientConfig:
     nm_address: str
     head_address: str
     session_dir: str
-    job_id: bytes = b""
-    client_id: bytes = field(default_factory=lambda: random_id())
+    job_id: JobID = UNKNOWN_JOB
+    client_id: ClientID = field(default_factory=new_client_id)
     namespace: str = ""
     sys_paths: tuple[str, ...] = ()
     log_to_driver: bool = True
@@ -59,9 +59,9 @@ class ClientConfig:
 class Handlers:
     """What the runtime does with what its daemons send unasked (reactor thread)."""
 
-    nm_message: Callable[[Connection, Any, bytes], None]  # (conn, msg, node id; b"": ours)
+    nm_message: Callable[[Connection, Any, NodeID], None]  # (conn, msg, node id; NO_NODE: ours)
     nm_closed: Callable[[Connection, str], None]
-    remote_nm_closed: Callable[[bytes], None]  # another node's manager, by node id
+    remote_nm_closed: Callable[[NodeID], None]  # another node's manager, by node id
     head_message: Handler
     head_back: Callable[[], list[m.Msg]]  # sent first to a head that took over
     head_gone: Callable[[RtmlSystemError, list[int]], None]
@@ -72,7 +72,7 @@ class ClientLinks:
 
     nm: Connection
     head: HeadLink
-    node_id: bytes
+    node_id: NodeID
     store_dir: str
     node_ip: str
 
@@ -90,8 +90,8 @@ class ClientLinks:
         """Taken by every part of the runtime around its own state: one order, no nesting
         of other locks inside it except leaf locks."""
         self.reactor = Reactor(f"rtml-{config.role}-io", cork=True)
-        self.remote_nms: dict[bytes, Connection] = {}
-        self.dead_nodes: set[bytes] = set()  # told by our node manager
+        self.remote_nms: dict[NodeID, Connection] = {}
+        self.dead_nodes: set[NodeID] = set()  # told by our node manager
         self.closed = False
         self._req_ids = itertools.count(1)
         self._replies: dict[int, Callable[[Any], None]] = {}
@@ -111,7 +111,7 @@ class ClientLinks:
             hello = make_hello(self.role, self.client_id, self.job_id, self.sys_paths)
             nm, reply = open_connection(
                 self.reactor, config.nm_address, self.token, hello,
-                lambda conn, msg: handlers.nm_message(conn, msg, b""), handlers.nm_closed)
+                lambda conn, msg: handlers.nm_message(conn, msg, NO_NODE), handlers.nm_closed)
             self.nm = nm
             self.node_id = reply.node_id
             self.store_dir = objectstore.check_store_dir(reply.info["store_dir"])
@@ -191,7 +191,7 @@ class ClientLinks:
                                   batched=True)
         return conn
 
-    def node_manager_at(self, node_id: bytes, address: str) -> Connection:
+    def node_manager_at(self, node_id: NodeID, address: str) -> Connection:
         """A connection to another node's manager (for spilled leases), made on first use."""
         conn = self.remote_nms.get(node_id)
         if conn is None or conn.closed:
@@ -206,13 +206,13 @@ class ClientLinks:
             self.remote_nms[node_id] = conn
         return conn
 
-    def _remote_nm_closed(self, node_id: bytes, conn: Connection) -> None:
+    def _remote_nm_closed(self, node_id: NodeID, conn: Connection) -> None:
         if not self.closed and self.remote_nms.get(node_id) is conn:
             del self.remote_nms[node_id]
             assert self._handlers is not None
             self._handlers.remote_nm_closed(node_id)  # its requests will never be answered
 
-    def node_died(self, node_id: bytes) -> None:
+    def node_died(self, node_id: NodeID) -> None:
         """Our node manager says ``node_id`` died: its connection goes, and it is known
         dead (objects there are lost)."""
         conn = self.remote_nms.pop(node_id, None)
@@ -286,7 +286,7 @@ class ClientLinks:
 
     # -- waiting -------------------------------------------------------------------------------
 
-    def block(self, done: Flag, deadline: float | None, ids: list[bytes],
+    def block(self, done: Flag, deadline: float | None, ids: list[ObjectID],
               spin: bool = False) -> None:
         """Wait for ``done`` (objects ``ids``, named in the timeout's error); ``spin``: one
         task's result, due soon (see Reactor.SPIN). Raises GetTimeoutError."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from rtml.ids import NodeID, ObjectID
 from rtml.rpc.messages import Payload
 
 
@@ -20,7 +21,7 @@ class _InStore:
 
 IN_STORE = _InStore()
 Entry = Payload | _InStore
-Callback = Callable[[bytes], Any]
+Callback = Callable[[ObjectID], Any]
 
 
 class StoredError:
@@ -35,19 +36,19 @@ class StoredError:
 
 class MemoryStore:
     def __init__(self) -> None:
-        self.entries: dict[bytes, Entry] = {}
-        self.promoted: set[bytes] = set()
-        self.has_contained: dict[bytes, bytes] = {}
+        self.entries: dict[ObjectID, Entry] = {}
+        self.promoted: set[ObjectID] = set()
+        self.has_contained: dict[ObjectID, NodeID] = {}
         """Inline values holding refs -> the node whose manager holds those refs for them
-        (``b""``: this process's own): released there when the value is freed."""
-        self._waiters: dict[bytes, list[Callback]] = {}
+        (``NO_NODE``: this process's own): released there when the value is freed."""
+        self._waiters: dict[ObjectID, list[Callback]] = {}
 
-    def put(self, entries: list[tuple[bytes, Entry]]) -> list[tuple[Callback, bytes]]:
+    def put(self, entries: list[tuple[ObjectID, Entry]]) -> list[tuple[Callback, ObjectID]]:
         """Store values; return the callbacks to run (outside the lock), each with the id
         of the object it waited for."""
         stored = self.entries
         waiting = self._waiters
-        callbacks: list[tuple[Callback, bytes]] = []
+        callbacks: list[tuple[Callback, ObjectID]] = []
         for object_id, entry in entries:
             stored[object_id] = entry
             if waiting:
@@ -56,19 +57,19 @@ class MemoryStore:
                     callbacks += [(callback, object_id) for callback in waiters]
         return callbacks
 
-    def get(self, object_id: bytes) -> Entry | None:
+    def get(self, object_id: ObjectID) -> Entry | None:
         return self.entries.get(object_id)
 
-    def add_waiter(self, object_id: bytes, callback: Callback) -> None:
+    def add_waiter(self, object_id: ObjectID, callback: Callback) -> None:
         self._waiters.setdefault(object_id, []).append(callback)
 
-    def remove_waiter(self, object_id: bytes, callback: Callback) -> None:
+    def remove_waiter(self, object_id: ObjectID, callback: Callback) -> None:
         waiters = self._waiters.get(object_id)
         if waiters and callback in waiters:
             waiters.remove(callback)
             if not waiters:
                 del self._waiters[object_id]
 
-    def pop(self, object_id: bytes) -> Entry | None:
+    def pop(self, object_id: ObjectID) -> Entry | None:
         self.promoted.discard(object_id)
         return self.entries.pop(object_id, None)

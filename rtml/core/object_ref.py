@@ -16,7 +16,17 @@ from collections.abc import Generator
 from typing import Any
 
 from rtml.core import serialization
-from rtml.ids import JobID, TaskID, job_of, task_of
+from rtml.ids import (
+    NO_CLIENT,
+    NO_NODE,
+    ClientID,
+    JobID,
+    NodeID,
+    ObjectID,
+    TaskID,
+    job_of,
+    task_of,
+)
 
 _counter: Any = None
 """The runtime's reference counter (set by the runtime; None before ``init``)."""
@@ -36,7 +46,7 @@ class ObjectRef:
 
     __slots__ = ("id", "owner", "_counted")  # no weak references: compiled, it has none
 
-    def __init__(self, object_id: bytes, owner: bytes = b"") -> None:
+    def __init__(self, object_id: ObjectID, owner: ClientID = NO_CLIENT) -> None:
         self.id = object_id
         self.owner = owner
         counter = _counter
@@ -53,7 +63,7 @@ class ObjectRef:
     def hex(self) -> str:
         return self.id.hex()
 
-    def binary(self) -> bytes:
+    def binary(self) -> ObjectID:
         """The object's id; ``ObjectRef(ref.binary())`` names the same object."""
         return self.id
 
@@ -98,7 +108,7 @@ class ObjectRef:
         return asyncio.wrap_future(self.future()).__await__()
 
 
-def borrow(object_id: bytes, owner: bytes, node_id: bytes = b"") -> ObjectRef:
+def borrow(object_id: ObjectID, owner: ClientID, node_id: NodeID = NO_NODE) -> ObjectRef:
     """A ref to another process's object, held here as its borrower (how a ref is
     unpickled); ``node_id``: where its primary copy lived when the ref was made."""
     ref = ObjectRef(object_id, owner)

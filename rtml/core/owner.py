@@ -39,7 +39,7 @@ from rtml.core.shared_objects import SharedObjects
 from rtml.core.submitter import TaskSubmitter
 from rtml.core.tasks import TaskEvents, TaskRecord
 from rtml.exceptions import ObjectLostError, TaskCancelledError
-from rtml.ids import TaskID, object_id_for, task_of
+from rtml.ids import NO_NODE, ActorID, NodeID, ObjectID, TaskID, object_id_for, task_of
 from rtml.rpc import messages as m
 from rtml.rpc.reactor import Connection
 from rtml.scheduler.strategy import parse_affinity
@@ -66,9 +66,9 @@ class TaskOwner(TaskEvents):
         self.store = store
         self.shared = shared
         self.writer = writer
-        self.tasks: dict[bytes, TaskRecord] = {}  # by task id, from submit until settled
-        self.lineage: dict[bytes, TaskRecord] = {}  # settled, by task id: returns in shm
-        self._callers: dict[bytes, ActorCaller] = {}  # this process's, by actor id
+        self.tasks: dict[TaskID, TaskRecord] = {}  # by task id, from submit until settled
+        self.lineage: dict[TaskID, TaskRecord] = {}  # settled, by task id: returns in shm
+        self._callers: dict[ActorID, ActorCaller] = {}  # this process's, by actor id
         self._unsettled: deque[list[_Outcome]] = deque()  # done, bookkeeping not yet run
         self.submitter = TaskSubmitter(links, self, exported)
         self.lives = ActorLives(links, self)
@@ -91,7 +91,7 @@ class TaskOwner(TaskEvents):
         with links.lock:
             self.tasks[spec.task_id] = record
             record.deps = len(pending)
-            arrived: list[tuple[Callable[[bytes], None], bytes]] = []
+            arrived: list[tuple[Callable[[ObjectID], None], ObjectID]] = []
             if error is None:
                 for index, ref in pending:
                     ready = self._dep_ready(record, index, ref)
@@ -116,10 +116,10 @@ class TaskOwner(TaskEvents):
             self.fail_task(record, payload=error)
 
     def _dep_ready(self, record: TaskRecord, index: int,
-                   ref: ObjectRef) -> Callable[[bytes], None]:
+                   ref: ObjectRef) -> Callable[[ObjectID], None]:
         links = self.links
 
-        def ready(_: bytes) -> None:
+        def ready(_: ObjectID) -> None:
             with links.lock:
                 if record.done:
                     return
@@ -164,7 +164,7 @@ class TaskOwner(TaskEvents):
         """Store the returns of finished tasks and wake their getters (on the thread leading
         the I/O loop); the rest of their bookkeeping waits for the loop's next iteration."""
         here = self.links.node_id
-        entries: list[tuple[bytes, Entry]] = []
+        entries: list[tuple[ObjectID, Entry]] = []
         finished: list[_Outcome] = []
         streams: list[tuple[TaskRecord, m.TaskResult]] = []
         for record, msg in done:
@@ -186,7 +186,7 @@ class TaskOwner(TaskEvents):
                     entries.append((ret.object_id, IN_STORE))
                     continue
                 if ret.contained:  # the worker's node manager holds its refs for it
-                    self._holds_at(ret.object_id, b"" if msg.node_id == here else msg.node_id)
+                    self._holds_at(ret.object_id, NO_NODE if msg.node_id == here else msg.node_id)
                 entries.append((ret.object_id, ret.value))
         for callback, object_id in self.set_entries(entries):
             callback(object_id)  # wake getters first; bookkeeping can wait
@@ -215,12 +215,12 @@ class TaskOwner(TaskEvents):
         if finished:
             self._settle(finished)
 
-    def _holds_at(self, object_id: bytes, node_id: bytes) -> None:
+    def _holds_at(self, object_id: ObjectID, node_id: NodeID) -> None:
         with self.links.lock:
             self.store.has_contained[object_id] = node_id
 
-    def _entries_of(self, returns: Sequence[m.ReturnObject], node_id: bytes,
-                    entries: list[tuple[bytes, Entry]]) -> None:
+    def _entries_of(self, returns: Sequence[m.ReturnObject], node_id: NodeID,
+                    entries: list[tuple[ObjectID, Entry]]) -> None:
         """Add the memory-store entries of ``returns``, made on ``node_id``, to
         ``entries``; those stored on another node are held there for us."""
         here = self.links.node_id
@@ -231,10 +231,10 @@ class TaskOwner(TaskEvents):
                 entries.append((ret.object_id, IN_STORE))
                 continue
             if ret.contained:  # the worker's node manager holds its refs for it
-                self._holds_at(ret.object_id, b"" if node_id == here else node_id)
+                self._holds_at(ret.object_id, NO_NODE if node_id == here else node_id)
             entries.append((ret.object_id, ret.value))
 
-    def _hold_remote_results(self, returns: Sequence[m.ReturnObject], node_id: bytes) -> None:
+    def _hold_remote_results(self, returns: Sequence[m.ReturnObject], node_id: NodeID) -> None:
         """Results stored on another node: our node manager holds them there for us."""
         remote = [ret.object_id for ret in returns if ret.value is None]
         if remote:
@@ -244,8 +244,8 @@ class TaskOwner(TaskEvents):
 
     # -- owned values --------------------------------------------------------------------------
 
-    def set_entries(self, entries: list[tuple[bytes, Entry]]
-                    ) -> list[tuple[Callable[[bytes], Any], bytes]]:
+    def set_entries(self, entries: list[tuple[ObjectID, Entry]]
+                    ) -> list[tuple[Callable[[ObjectID], Any], ObjectID]]:
         """Store owned objects' values; returns their waiters (each with its object's id),
         to call without the lock. One pickled before its value existed is shared now."""
         escaped = self.refs.escaped_pending
@@ -259,24 +259,24 @@ class TaskOwner(TaskEvents):
                             self.refs.promote(object_id, entry)
         return callbacks
 
-    def keep_inline(self, object_id: bytes, value: Any
-                    ) -> list[tuple[Callable[[bytes], Any], bytes]]:
+    def keep_inline(self, object_id: ObjectID, value: Any
+                    ) -> list[tuple[Callable[[ObjectID], Any], ObjectID]]:
         """Keep ``value`` as owned object ``object_id`` in memory (its refs held for it),
         however large; returns its waiters, to call without the lock."""
         ser = serialize(value)
         self.hold_contained(object_id, ser)
         return self.set_entries([(object_id, ser.to_payload(False))])
 
-    def hold_contained(self, container_id: bytes, ser: Serialized) -> None:
+    def hold_contained(self, container_id: ObjectID, ser: Serialized) -> None:
         """Hold the refs inside a value for the owned object ``container_id``."""
         if ser.contained:
             self.refs.send_holds(m.AddHolds, [r.id for r in ser.contained], container_id)
             with self.links.lock:
-                self.store.has_contained[container_id] = b""
+                self.store.has_contained[container_id] = NO_NODE
 
     # -- generator tasks: items as they are yielded -------------------------------------------
 
-    def generated(self, items: list[m.GeneratorItem], node_id: bytes) -> None:
+    def generated(self, items: list[m.GeneratorItem], node_id: NodeID) -> None:
         """Items generator tasks yielded (on ``node_id``), in order: stored, and their refs
         handed to the tasks' streams. An item a retried task yields again is skipped."""
         fresh: list[tuple[Any, m.GeneratorItem]] = []
@@ -293,7 +293,7 @@ class TaskOwner(TaskEvents):
             self._let_go_repeated(repeated, node_id)
         if not fresh:
             return
-        entries: list[tuple[bytes, Entry]] = []
+        entries: list[tuple[ObjectID, Entry]] = []
         self._entries_of([msg.item for _, msg in fresh], node_id, entries)
         for callback, object_id in self.set_entries(entries):
             callback(object_id)
@@ -303,7 +303,7 @@ class TaskOwner(TaskEvents):
             for stream, ref in refs:
                 stream.add(ref)
 
-    def _let_go_repeated(self, items: list[m.ReturnObject], node_id: bytes) -> None:
+    def _let_go_repeated(self, items: list[m.ReturnObject], node_id: NodeID) -> None:
         """Items skipped (a retry's repeats, or a task no longer ours): what their worker
         holds for us on ``node_id`` is released, unless it is the copy we still hold."""
         links = self.links
@@ -321,7 +321,7 @@ class TaskOwner(TaskEvents):
             links.nm.send(m.ReleaseHolds(stored, links.client_id, node_id))
         for ret in items:
             if ret.contained and ret.object_id not in ours:
-                links.nm.send(m.ReleaseHolder(ret.object_id, b"" if here else node_id))
+                links.nm.send(m.ReleaseHolder(ret.object_id, NO_NODE if here else node_id))
 
     def _end_stream(self, record: TaskRecord, error: m.Payload | None) -> None:
         """A generator task ended; a failure is its stream's last item, so the consumer
@@ -334,7 +334,7 @@ class TaskOwner(TaskEvents):
             if error is not None:
                 stream.accept(index)
         if error is not None:
-            object_id = object_id_for(TaskID(record.spec.task_id), index + 2)
+            object_id = object_id_for(record.spec.task_id, index + 2)
             for callback, oid in self.set_entries([(object_id, error)]):
                 callback(oid)
             ref = ObjectRef(object_id, self.links.client_id)
@@ -394,14 +394,14 @@ class TaskOwner(TaskEvents):
 
     # -- lineage: lost objects made again ------------------------------------------------------
 
-    def rebuild(self, object_ids: Sequence[bytes], why: str) -> bool:
+    def rebuild(self, object_ids: Sequence[ObjectID], why: str) -> bool:
         """Owned objects in shared memory whose every copy is gone (``why``): run the tasks
         that made them again, or store the error saying why they cannot be. True if the
         first of them no longer waits on a copy that is gone (it is being made again, or
         failed)."""
         links = self.links
         self.settle()  # results just in: their lineage is kept first
-        callbacks: list[tuple[Callable[[bytes], Any], bytes]] = []
+        callbacks: list[tuple[Callable[[ObjectID], Any], ObjectID]] = []
         with links.lock:
             for object_id in object_ids:
                 self._rebuild(object_id, why, callbacks)
@@ -411,8 +411,8 @@ class TaskOwner(TaskEvents):
             callback(object_id)
         return first is not IN_STORE
 
-    def _rebuild(self, object_id: bytes, why: str,
-                 callbacks: list[tuple[Callable[[bytes], Any], bytes]]) -> None:
+    def _rebuild(self, object_id: ObjectID, why: str,
+                 callbacks: list[tuple[Callable[[ObjectID], Any], ObjectID]]) -> None:
         """(Under the runtime lock.) Run the task that made ``object_id`` again, once the
         arguments it needs are back (lost ones rebuilt first); or fail the object, its
         getters' callbacks added to ``callbacks``."""
@@ -459,7 +459,7 @@ class TaskOwner(TaskEvents):
 
     def _arguments_back(self, record: TaskRecord, why: str,
                         pending: list[tuple[int, ObjectRef]], keep: list[ObjectRef],
-                        callbacks: list[tuple[Callable[[bytes], Any], bytes]]) -> str:
+                        callbacks: list[tuple[Callable[[ObjectID], Any], ObjectID]]) -> str:
         """Point ``record``'s owned arguments at where they are now, rebuilding those lost
         with a dead node; those still being made go in ``pending``, refs keeping them all
         in ``keep``. Returns why the task cannot run again, or ``""``."""
@@ -501,7 +501,7 @@ class TaskOwner(TaskEvents):
             return False  # borrowed: its owner rebuilds it, not us
         links = self.links
         where = self.refs.location_of(lost)
-        if record.spec.args[index].node_id in (where, b"") or where in links.dead_nodes:
+        if record.spec.args[index].node_id in (where, NO_NODE) or where in links.dead_nodes:
             self.rebuild([lost], str(error))  # (else the task looked where it no longer is)
         with links.lock:
             entry = self.store.entries.get(lost)
@@ -517,7 +517,7 @@ class TaskOwner(TaskEvents):
             ready(lost)
         return True
 
-    def forget_lineage(self, object_id: bytes) -> None:
+    def forget_lineage(self, object_id: ObjectID) -> None:
         """(Under the runtime lock.) ``object_id`` was freed: its task's lineage goes with
         the last of its returns."""
         lineage = self.lineage
@@ -529,7 +529,7 @@ class TaskOwner(TaskEvents):
                 if not any(return_id in entries for return_id in record.return_ids):
                     del lineage[task_id]
 
-    def making(self, object_id: bytes) -> bool:
+    def making(self, object_id: ObjectID) -> bool:
         """Whether ``object_id`` is a return of one of our tasks not yet settled (call it
         under the runtime lock)."""
         return task_of(object_id) in self.tasks
@@ -538,7 +538,7 @@ class TaskOwner(TaskEvents):
         """Our tasks not done yet (under the runtime lock)."""
         return [record for record in self.tasks.values() if not record.done]
 
-    def caller(self, actor_id: bytes, max_task_retries: int) -> ActorCaller:
+    def caller(self, actor_id: ActorID, max_task_retries: int) -> ActorCaller:
         """This process's channel to ``actor_id`` (made on first use)."""
         caller = self._callers.get(actor_id)
         if caller is None:
@@ -550,14 +550,14 @@ class TaskOwner(TaskEvents):
         """This process's actor callers (a copy: they may be added meanwhile)."""
         return list(self._callers.values())
 
-    def actor_ended(self, actor_id: bytes, why: str) -> None:
+    def actor_ended(self, actor_id: ActorID, why: str) -> None:
         """Actor ``actor_id`` is DEAD for good: our calls to it fail with ``why`` (under
         the runtime lock)."""
         caller = self._callers.get(actor_id)
         if caller is not None:
             caller.ended(why)
 
-    def cancel(self, task_id: bytes, force: bool, recursive: bool = False) -> None:
+    def cancel(self, task_id: TaskID, force: bool, recursive: bool = False) -> None:
         """Cancel task ``task_id``; its getters then raise TaskCancelledError."""
         with self.links.lock:
             record = self.tasks.get(task_id)
@@ -565,7 +565,7 @@ class TaskOwner(TaskEvents):
                 return
         self._cancel(record, force, recursive)
 
-    def cancel_children(self, parent: bytes) -> None:
+    def cancel_children(self, parent: TaskID) -> None:
         """Cancel (recursively) the unfinished tasks that task ``parent`` submitted here."""
         with self.links.lock:
             children = [record for record in self.tasks.values()
@@ -603,7 +603,7 @@ def _in_store(msg: m.TaskResult) -> bool:
     return False
 
 
-def _unrebuildable(record: TaskRecord | None, dead: set[bytes]) -> str:
+def _unrebuildable(record: TaskRecord | None, dead: set[NodeID]) -> str:
     """Why the object a lineage record (or none) made cannot be made again, or ``""``
     (``dead``: the nodes known dead)."""
     if record is None:
@@ -641,7 +641,7 @@ def _error_of(ret: m.ReturnObject) -> BaseException | None:
     return value.error if isinstance(value, StoredError) else None
 
 
-def resolved_arg(ref: ObjectRef, entry: Entry | None, node_id: bytes) -> m.TaskArg:
+def resolved_arg(ref: ObjectRef, entry: Entry | None, node_id: NodeID) -> m.TaskArg:
     """An argument for a ready owned ref: its inline value, or its id (and node) to read."""
     if isinstance(entry, m.Payload):
         return m.TaskArg(value=entry)

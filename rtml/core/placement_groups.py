@@ -21,17 +21,15 @@ from rtml.core.object_ref import ObjectRef
 from rtml.core.options import PlacementGroupSchedulingStrategy
 from rtml.core.remote_function import RemoteFunction
 from rtml.core.runtime import ClientRuntime
-from rtml.ids import random_id
+from rtml.ids import NO_GROUP, PlacementGroupID, new_placement_group_id
 from rtml.rpc import messages as m
 from rtml.scheduler.bundles import STRATEGIES, check_bundles, group_of
-
-PG_ID_SIZE = 16
 
 
 class PlacementGroup:
     """A handle to a placement group: picklable, usable in any process of the job."""
 
-    def __init__(self, pg_id: bytes, bundles: list[dict[str, float]] | None) -> None:
+    def __init__(self, pg_id: PlacementGroupID, bundles: list[dict[str, float]] | None) -> None:
         self.id = pg_id
         self._bundles = bundles  # None: not known here yet (asked of the head when read)
 
@@ -91,13 +89,14 @@ def create(rt: ClientRuntime, bundles: Any, strategy: str, name: str, lifetime: 
     if not isinstance(name, str):
         raise TypeError(f"placement_group() name must be a str, got {name!r}")
     shapes = [{k: float(v) for k, v in bundle.items()} for bundle in bundles]
-    pg_id = random_id(PG_ID_SIZE)
+    pg_id = new_placement_group_id()
     rt.head.send(m.CreatePlacementGroup(pg_id, shapes, strategy, name, rt.config.namespace,
                                         rt.job_id or context.current_job(), lifetime == "detached"))
     return PlacementGroup(pg_id, shapes)
 
 
-def info(rt: ClientRuntime, pg_id: bytes = b"", name: str = "") -> m.PlacementGroupInfo:
+def info(rt: ClientRuntime, pg_id: PlacementGroupID = NO_GROUP, name: str = ""
+         ) -> m.PlacementGroupInfo:
     reply: m.PlacementGroupInfo = rt.links.request(rt.head, lambda req_id: m.GetPlacementGroup(
         req_id, pg_id, name, rt.config.namespace, rt.job_id or context.current_job()),
         rt.head.timeout)
@@ -116,4 +115,4 @@ def current() -> PlacementGroup | None:
     resources = spec.resources if spec is not None and spec.resources else (
         actor.spec.shape if actor is not None else None)
     pg_hex = group_of(resources) if resources else ""
-    return PlacementGroup(bytes.fromhex(pg_hex), None) if pg_hex else None
+    return PlacementGroup(PlacementGroupID(bytes.fromhex(pg_hex)), None) if pg_hex else None

@@ -28,6 +28,7 @@ from rtml.core.memory_store import IN_STORE, MemoryStore
 from rtml.core.shared_objects import SharedObjects
 from rtml.core.tasks import TaskEvents
 from rtml.exceptions import GetTimeoutError
+from rtml.ids import NO_ACTOR, NO_NODE, ClientID, NodeID, ObjectID
 from rtml.rpc import messages as m
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ class ReferenceCounter:
         self.shared = shared
         self.events = events
         self.lives = lives
-        self.refops: deque[tuple[bytes, int]] = deque()
+        self.refops: deque[tuple[ObjectID, int]] = deque()
         """Queued (object id, delta) changes; delta 0 marks a borrow."""
         self.borrows = 0
         """Borrows queued so far: a reader that unpickled refs drains them before it lets
@@ -61,25 +62,25 @@ class ReferenceCounter:
         self._refops_scheduled = False
         self._refops_timer = False
         self._ref_lock = threading.Lock()
-        self._counts: dict[bytes, int] = {}
-        self._borrowed: set[bytes] = set()
-        self.escaped_pending: set[bytes] = set()
+        self._counts: dict[ObjectID, int] = {}
+        self._borrowed: set[ObjectID] = set()
+        self.escaped_pending: set[ObjectID] = set()
         """Owned objects pickled before their value existed: promoted once it is set."""
-        self.locations: dict[bytes, bytes] = {}  # object -> its primary node, if not ours
-        self._unfenced: set[bytes] = set()  # other nodes our node manager forwarded holds to
+        self.locations: dict[ObjectID, NodeID] = {}  # object -> its primary node, if not ours
+        self._unfenced: set[NodeID] = set()  # other nodes our node manager forwarded holds to
         self._unfenced_lock = threading.Lock()  # a leaf lock: taken with nothing else after it
         self._fence_lock = threading.Lock()  # one fence at a time: it covers all sent before
 
     # -- ObjectRef hooks -----------------------------------------------------------------------
 
-    def incref(self, object_id: bytes, owner: bytes) -> None:
+    def incref(self, object_id: ObjectID, owner: ClientID) -> None:
         self.refops.append((object_id, 1))
 
-    def decref(self, object_id: bytes, owner: bytes) -> None:
+    def decref(self, object_id: ObjectID, owner: ClientID) -> None:
         # Runs inside __del__, possibly while this thread holds a lock: only append.
         self._queue(object_id, -1)
 
-    def _queue(self, object_id: bytes, delta: int) -> None:
+    def _queue(self, object_id: ObjectID, delta: int) -> None:
         """Queue a change; API calls drain the queue, the reactor only when it grows long
         or sits idle."""
         self.refops.append((object_id, delta))
@@ -94,7 +95,7 @@ class ReferenceCounter:
         self._refops_timer = False
         self.process_refops()
 
-    def borrowed(self, ref: ObjectRef, node_id: bytes) -> None:
+    def borrowed(self, ref: ObjectRef, node_id: NodeID) -> None:
         """An ObjectRef was unpickled here: hold its object while we reference it.
 
         ``node_id``: where its primary copy lives (a hint carried with the ref).
@@ -107,7 +108,7 @@ class ReferenceCounter:
         self.borrows += 1
         self._queue(ref.id, 0)
 
-    def location_of(self, object_id: bytes) -> bytes:
+    def location_of(self, object_id: ObjectID) -> NodeID:
         """The node holding the object's primary copy, as far as this process knows."""
         return self.locations.get(object_id, self.links.node_id)
 
@@ -123,22 +124,22 @@ class ReferenceCounter:
             elif isinstance(entry, m.Payload) and ref.id not in store.promoted:
                 self.promote(ref.id, entry)
 
-    def promote(self, object_id: bytes, payload: m.Payload) -> None:
+    def promote(self, object_id: ObjectID, payload: m.Payload) -> None:
         """(Under the lock.) Copy an owned inline value into shared memory, so other
         processes can read it; it is released as a shared object once freed."""
-        if self.shared.promote(object_id, payload, self.lives.actors.get(object_id, b""),
-                               self.store.has_contained.get(object_id, b"")):
+        if self.shared.promote(object_id, payload, self.lives.actors.get(object_id, NO_ACTOR),
+                               self.store.has_contained.get(object_id, NO_NODE)):
             self.store.promoted.add(object_id)
 
     # -- holds and releases --------------------------------------------------------------------
 
     def send_holds(self, kind: type[m.AddHolds] | type[m.ReleaseHolds],
-                   object_ids: Sequence[bytes], holder: bytes) -> None:
+                   object_ids: Sequence[ObjectID], holder: bytes) -> None:
         """Add or release holds through the local node manager, grouped by primary node."""
-        by_node: dict[bytes, list[bytes]] = {}
+        by_node: dict[NodeID, list[ObjectID]] = {}
         locations = self.locations
         for object_id in object_ids:
-            by_node.setdefault(locations.get(object_id, b""), []).append(object_id)
+            by_node.setdefault(locations.get(object_id, NO_NODE), []).append(object_id)
         for node_id, ids in by_node.items():
             self.links.nm.send(kind(ids, holder, node_id))
             if kind is m.AddHolds and node_id and node_id != self.links.node_id:
@@ -191,14 +192,14 @@ class ReferenceCounter:
         self._refops_scheduled = False
         if not self.refops:
             return
-        releases: list[bytes] = []
-        holders: list[tuple[bytes, bytes]] = []
+        releases: list[ObjectID] = []
+        holders: list[tuple[ObjectID, NodeID]] = []
         # Borrowed objects whose hold changed in this batch -> held before it. Only the net
         # change is sent: a release and a re-borrow of one object in one batch (as sent,
         # add then release) would otherwise drop a hold still needed.
-        touched: dict[bytes, bool] = {}
+        touched: dict[ObjectID, bool] = {}
         borrowed = self._borrowed
-        unreferenced: list[bytes] = []
+        unreferenced: list[ObjectID] = []
         with self._ref_lock:
             ops = self.refops
             while ops:
@@ -228,7 +229,7 @@ class ReferenceCounter:
                 self.send_holds(m.AddHolds, adds, self.links.client_id)
             self._send_releases(releases, holders)
 
-    def free_unreferenced(self, object_ids: Sequence[bytes]) -> None:
+    def free_unreferenced(self, object_ids: Sequence[ObjectID]) -> None:
         """Free results whose refs were all dropped before the task finished."""
         counts = self._counts
         for object_id in object_ids:
@@ -236,13 +237,14 @@ class ReferenceCounter:
                 break
         else:
             return  # the usual case: the caller still holds them
-        releases: list[bytes] = []
-        holders: list[tuple[bytes, bytes]] = []
+        releases: list[ObjectID] = []
+        holders: list[tuple[ObjectID, NodeID]] = []
         with self._ref_lock:
             self._free([oid for oid in object_ids if oid not in self._counts], releases, holders)
             self._send_releases(releases, holders)
 
-    def _send_releases(self, releases: list[bytes], holders: list[tuple[bytes, bytes]]) -> None:
+    def _send_releases(self, releases: list[ObjectID],
+                       holders: list[tuple[ObjectID, NodeID]]) -> None:
         if releases:
             self.send_holds(m.ReleaseHolds, releases, self.links.client_id)
             for object_id in releases:
@@ -250,11 +252,11 @@ class ReferenceCounter:
         for holder, node_id in holders:
             self.links.nm.send(m.ReleaseHolder(holder, node_id))
 
-    def _owns(self, object_id: bytes) -> bool:
+    def _owns(self, object_id: ObjectID) -> bool:
         return object_id in self.store.entries or self.events.making(object_id)
 
-    def _free(self, object_ids: list[bytes], releases: list[bytes],
-              holders: list[tuple[bytes, bytes]]) -> None:
+    def _free(self, object_ids: list[ObjectID], releases: list[ObjectID],
+              holders: list[tuple[ObjectID, NodeID]]) -> None:
         """Drop owned objects nobody references any more. One that escaped before its
         value existed is kept until the value arrives: promoted then (see
         :meth:`TaskOwner.set_entries`), it is freed when its task is settled."""

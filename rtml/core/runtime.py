@@ -58,7 +58,7 @@ from rtml.exceptions import (
     RtmlSystemError,
     TaskError,
 )
-from rtml.ids import new_task_id, object_id_for
+from rtml.ids import NO_NODE, ClientID, JobID, NodeID, ObjectID, new_task_id, object_id_for
 from rtml.rpc import messages as m
 from rtml.rpc.reactor import Connection, Flag
 
@@ -106,7 +106,7 @@ class ClientRuntime:
         self.closed = False
         self._warned_shapes: set[tuple[tuple[str, float], ...]] = set()
         self.bars = Bars()  # remote tasks' progress bars (tqdm_ray), drawn here
-        self.job_lifetimes: dict[bytes, str] = {}  # jobs' default actor lifetimes, as known
+        self.job_lifetimes: dict[JobID, str] = {}  # jobs' default actor lifetimes, as known
         self.writer = BatchedWriter(self.plane)
         self.store = MemoryStore()
         self.shared = SharedObjects(links)
@@ -144,7 +144,7 @@ class ClientRuntime:
 
     # -- node manager and head messages (reactor thread) -------------------------------------
 
-    def _on_nm_message(self, conn: Connection, msg: Any, node_id: bytes = b"") -> None:
+    def _on_nm_message(self, conn: Connection, msg: Any, node_id: NodeID = NO_NODE) -> None:
         if isinstance(msg, m.LeaseGranted):
             self.submitter.on_lease_granted(msg, conn, node_id or self.node_id)
         elif isinstance(msg, m.LeaseSpillback):
@@ -162,7 +162,7 @@ class ClientRuntime:
         elif self.on_worker_message is not None:
             self.on_worker_message(msg)
 
-    def _node_died(self, node_id: bytes, reason: str, kept: Sequence[bytes] = ()) -> None:
+    def _node_died(self, node_id: NodeID, reason: str, kept: Sequence[ObjectID] = ()) -> None:
         """Tasks and actor calls running there are retried or fail; objects whose primary
         was there live on where our node manager kept a copy (``kept``), else our own are
         rebuilt from their lineage."""
@@ -202,7 +202,7 @@ class ClientRuntime:
             self.owner.fail_task(record, error)
         self.links.fail_replies(error)
 
-    def _on_remote_nm_closed(self, node_id: bytes) -> None:
+    def _on_remote_nm_closed(self, node_id: NodeID) -> None:
         self.submitter.node_died(node_id)  # its lease requests will never be answered
 
     def _on_head_message(self, conn: Connection, msg: Any) -> None:
@@ -249,7 +249,7 @@ class ClientRuntime:
         self._store_value(object_id, ser, is_error=False)
         return ObjectRef(object_id, self.client_id)
 
-    def _store_value(self, object_id: bytes, ser: Serialized, is_error: bool) -> None:
+    def _store_value(self, object_id: ObjectID, ser: Serialized, is_error: bool) -> None:
         """Keep a value this process owns: inline if small, else in shared memory."""
         self.owner.hold_contained(object_id, ser)
         if ser.size <= INLINE_MAX:
@@ -284,7 +284,7 @@ class ClientRuntime:
         return values
 
     def _read_borrowed(self, refs: list[ObjectRef], deadline: float | None
-                       ) -> dict[bytes, Any] | None:
+                       ) -> dict[ObjectID, Any] | None:
         """Fail fast among borrowed refs too: when several of ``refs`` are owned elsewhere
         and not on this node yet, wait for all of them at once and read each as it comes,
         raising the first failure then (not behind an earlier ref still being made).
@@ -304,9 +304,10 @@ class ClientRuntime:
             return reply
 
         locations = self.refs.locations
-        req_ids = [self.links.ask(self.nm, _wait_request(r, locations.get(r.id, b"")), on_reply(r))
+        req_ids = [self.links.ask(self.nm, _wait_request(r, locations.get(r.id, NO_NODE)),
+                                  on_reply(r))
                    for r in missing]
-        values: dict[bytes, Any] = {}
+        values: dict[ObjectID, Any] = {}
         try:
             while len(values) < len(missing):
                 flag = wake[0]
@@ -336,7 +337,7 @@ class ClientRuntime:
                 if isinstance(entry, m.Payload) and entry.is_error:
                     return ref
             done = Flag()
-            failures: list[bytes] = []
+            failures: list[ObjectID] = []
             arrived = done.set if len(missing) == 1 else _countdown(
                 len(missing), done, entries, failures)
             for object_id in missing:
@@ -363,7 +364,7 @@ class ClientRuntime:
         else:
             try:
                 value = self.shared.read(ref.id, ref.owner, deadline,
-                                         self.refs.locations.get(ref.id, b""))
+                                         self.refs.locations.get(ref.id, NO_NODE))
             except OwnerDiedError:
                 raise
             except ObjectLostError as exc:
@@ -405,7 +406,7 @@ class ClientRuntime:
                 rest.append(ref)
         return ready, making, rest
 
-    def on_ready(self, refs: list[ObjectRef], callback: Callable[[bytes], Any],
+    def on_ready(self, refs: list[ObjectRef], callback: Callable[[ObjectID], Any],
                  fetch_local: bool = False,
                  making: Sequence[ObjectRef] = ()) -> Callable[[], None]:
         """Call ``callback(id)`` as each of ``refs`` and ``making`` becomes ready (with
@@ -423,7 +424,7 @@ class ClientRuntime:
         owned = [ref.id for ref in making]
         pulls: list[Callable[[], None]] = []
 
-        def arrived(object_id: bytes) -> None:
+        def arrived(object_id: ObjectID) -> None:
             if fetch_local and self._elsewhere(object_id):
                 pulls.append(self._await_here(object_id, owners[object_id], callback))
             else:
@@ -450,8 +451,8 @@ class ClientRuntime:
                     pulls.append(self._await_here(ref.id, ref.owner, callback))
         return cancel
 
-    def wait(self, refs: list[ObjectRef], ids: set[bytes], num_returns: int,
-             timeout: float | None, fetch_local: bool) -> set[bytes]:
+    def wait(self, refs: list[ObjectRef], ids: set[ObjectID], num_returns: int,
+             timeout: float | None, fetch_local: bool) -> set[ObjectID]:
         """The ids of ``refs`` (whose ids are ``ids``) ready once ``num_returns`` of them
         are, or when ``timeout`` s have passed (``rtml.wait``; inside a task, the CPU is
         lent back meanwhile)."""
@@ -472,7 +473,7 @@ class ClientRuntime:
             lock = threading.Lock()
             enough = Flag()
 
-            def arrived(object_id: bytes) -> None:
+            def arrived(object_id: ObjectID) -> None:
                 with lock:
                     ready.add(object_id)
                     if len(ready) >= num_returns:
@@ -491,16 +492,16 @@ class ClientRuntime:
         with lock:
             return set(ready)
 
-    def _elsewhere(self, object_id: bytes) -> bool:
+    def _elsewhere(self, object_id: ObjectID) -> bool:
         """An owned result that lives only on another node so far."""
         location = self.refs.locations.get(object_id)
         return bool(location) and location != self.node_id and not self.shared.exists(
             object_id)
 
-    def _await_here(self, object_id: bytes, owner: bytes,
-                    callback: Callable[[bytes], Any]) -> Callable[[], None]:
+    def _await_here(self, object_id: ObjectID, owner: ClientID,
+                    callback: Callable[[ObjectID], Any]) -> Callable[[], None]:
         """Ask the node manager to make the object present here (pulling it if need be)."""
-        node_id = self.refs.locations.get(object_id, b"")
+        node_id = self.refs.locations.get(object_id, NO_NODE)
         req_id = self.links.ask(self.nm, lambda rid: m.WaitObject(rid, object_id, owner, node_id),
                           lambda msg: callback(object_id))
         return lambda: self.links.forget_reply(req_id)
@@ -526,7 +527,7 @@ class ClientRuntime:
         return fut
 
     def _start_resolving(self, fut: concurrent.futures.Future[Any], ref: ObjectRef,
-                         _: bytes) -> None:
+                         _: ObjectID) -> None:
         threading.Thread(target=self._resolve, args=(fut, ref), daemon=True).start()
 
     def _resolve(self, fut: concurrent.futures.Future[Any], ref: ObjectRef) -> None:
@@ -590,15 +591,15 @@ class ClientRuntime:
 _READY, _MAKING, _ABSENT = range(3)  # what ClientRuntime._state says of a ref
 
 
-def _countdown(count: int, done: Flag, entries: dict[bytes, Entry],
-               failures: list[bytes]) -> Callable[[bytes], None]:
+def _countdown(count: int, done: Flag, entries: dict[ObjectID, Entry],
+               failures: list[ObjectID]) -> Callable[[ObjectID], None]:
     """A waiter callback that sets ``done`` on its ``count``-th call, or at once on a call
     for an object whose value in ``entries`` is an error (added to ``failures``), from any
     thread (``next`` on a counter is one C call: no arrival is lost between a read and a
     write; the value is stored before its waiters are called)."""
     arrivals = itertools.count(1)
 
-    def arrived(object_id: bytes) -> None:
+    def arrived(object_id: ObjectID) -> None:
         entry = entries.get(object_id)  # inline, not a method: one per result of a burst
         if isinstance(entry, m.Payload) and entry.is_error:
             failures.append(object_id)
@@ -608,7 +609,7 @@ def _countdown(count: int, done: Flag, entries: dict[bytes, Entry],
     return arrived
 
 
-def _wait_request(ref: ObjectRef, node_id: bytes) -> Callable[[int], m.Msg]:
+def _wait_request(ref: ObjectRef, node_id: NodeID) -> Callable[[int], m.Msg]:
     return lambda req_id: m.WaitObject(req_id, ref.id, ref.owner, node_id)
 
 

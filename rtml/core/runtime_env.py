@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from rtml.ids import ClientID
+
 if TYPE_CHECKING:
     from rtml.control_plane import ControlPlane
 
@@ -417,12 +419,12 @@ class RuntimeParts(Protocol):
     """What ``resolve`` reads of a runtime (a ClientRuntime: not named, so that this
     module stays out of the runtime's import cycle)."""
 
-    client_id: bytes
+    client_id: ClientID
     runtime_env: str  # the env its calls inherit (the job's, or a worker's own)
     plane: ControlPlane
 
 
-_resolved: dict[tuple[bytes, str], str] = {}
+_resolved: dict[tuple[ClientID, str], str] = {}
 """(runtime's client id, the env as given) -> its wire form merged with the runtime's."""
 
 

@@ -27,6 +27,7 @@ from rtml.exceptions import (
     OwnerDiedError,
     RtmlSystemError,
 )
+from rtml.ids import NO_NODE, ActorID, ClientID, NodeID, ObjectID
 from rtml.rpc import messages as m
 from rtml.rpc.reactor import Flag
 
@@ -38,14 +39,14 @@ class SharedObjects:
         self.links = links
         self._room = 0  # the node's free store bytes, as its last CreateObject answer said
 
-    def path(self, object_id: bytes) -> str:
+    def path(self, object_id: ObjectID) -> str:
         return objectstore.segment_path(self.links.store_dir, object_id)
 
-    def exists(self, object_id: bytes) -> bool:
+    def exists(self, object_id: ObjectID) -> bool:
         """Whether a copy of the object is on this node now."""
         return os.path.exists(objectstore.segment_path(self.links.store_dir, object_id))
 
-    def write(self, object_id: bytes, ser: Serialized, holder: bytes) -> int:
+    def write(self, object_id: ObjectID, ser: Serialized, holder: bytes) -> int:
         """Write a value into this node's shared-memory store on behalf of ``holder``, and
         seal it once the node manager has made room for it. Asked first; written while
         the answer comes when the last answer left room for it twice over (so a store
@@ -98,8 +99,8 @@ class SharedObjects:
             raise answer
         raise (OutOfDiskError if answer.out_of_disk else ObjectStoreFullError)(answer.error)
 
-    def promote(self, object_id: bytes, payload: m.Payload, life_of: bytes,
-                holds_at: bytes) -> bool:
+    def promote(self, object_id: ObjectID, payload: m.Payload, life_of: ActorID,
+                holds_at: NodeID) -> bool:
         """Copy an owned inline value into shared memory so other processes can read it;
         ``life_of``: the actor it is the life object of, if any; ``holds_at``: the node
         holding the refs inside it, if it has any. False if a copy was there already."""
@@ -112,8 +113,8 @@ class SharedObjects:
                                         holds_at))
         return True
 
-    def read(self, object_id: bytes, owner: bytes, deadline: float | None,
-             node_id: bytes = b"") -> Any:
+    def read(self, object_id: ObjectID, owner: ClientID, deadline: float | None,
+             node_id: NodeID = NO_NODE) -> Any:
         """Map an object from shared memory (zero-copy), restoring, pulling or awaiting it.
 
         ``node_id``: where its primary copy lives, if not on this node.
@@ -126,8 +127,8 @@ class SharedObjects:
             inband, buffers = objectstore.read_segment(path)
         return deserialize(inband, buffers)
 
-    def await_present(self, object_id: bytes, owner: bytes, deadline: float | None,
-                      node_id: bytes = b"") -> None:
+    def await_present(self, object_id: ObjectID, owner: ClientID, deadline: float | None,
+                      node_id: NodeID = NO_NODE) -> None:
         """Ask the node manager to make an object present here; block until it is."""
         links = self.links
         if links.nm.closed:
@@ -149,7 +150,7 @@ class SharedObjects:
         raise_unavailable(object_id, box[0])
 
 
-def raise_unavailable(object_id: bytes, answer: m.ObjectAvailable | RtmlSystemError) -> None:
+def raise_unavailable(object_id: ObjectID, answer: m.ObjectAvailable | RtmlSystemError) -> None:
     """Raise the error a node manager's answer to WaitObject carries, if any (or the error
     of a node manager that went away)."""
     if isinstance(answer, RtmlSystemError):

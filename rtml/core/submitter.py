@@ -30,6 +30,7 @@ from rtml.config import LEASE_IDLE_TIMEOUT
 from rtml.core.links import ClientLinks
 from rtml.core.tasks import LeasedWorker, TaskEvents, TaskRecord, scheduling_error
 from rtml.exceptions import RtmlError, TaskCancelledError, WorkerCrashedError
+from rtml.ids import NO_NODE, NodeID
 from rtml.rpc import messages as m
 from rtml.rpc.reactor import Connection
 from rtml.scheduler.resources import Shape
@@ -82,7 +83,7 @@ class RunTimes:
 class ShapeQueue:
     shape: Shape
     strategy: str = ""
-    preferred_node: bytes = b""
+    preferred_node: NodeID = NO_NODE
     runtime_env: str = ""  # its tasks' (rtml.core.runtime_env): leased from workers of it
     tasks: deque[TaskRecord] = field(default_factory=deque)
     workers: list[LeasedWorker] = field(default_factory=list)
@@ -118,7 +119,7 @@ class TaskSubmitter:
         """Queue a task whose arguments are resolved and push what can go now."""
         key = record.key
         strategy = key[-1] if key else ""  # a remote function's key ends with its strategy
-        preferred = self._args_node(record.spec) if record.spec.args else b""
+        preferred = self._args_node(record.spec) if record.spec.args else NO_NODE
         if preferred:
             key = (*key, preferred)
         queue = self.queues.get(key)
@@ -158,20 +159,20 @@ class TaskSubmitter:
             self._request_lease(key, queue, self.links.nm, self.links.node_id, spilled=False)
 
     def _request_lease(self, key: tuple[Any, ...], queue: ShapeQueue, nm: Connection,
-                       node_id: bytes, spilled: bool) -> None:
+                       node_id: NodeID, spilled: bool) -> None:
         req_id = self.links.next_request_id()
         queue.lease_requests.add(req_id)
         self._lease_keys[req_id] = (key, nm, node_id)
         nm.send(m.RequestLease(req_id, queue.shape, queue.strategy, queue.preferred_node,
                                spilled, queue.runtime_env))
 
-    def _args_node(self, spec: m.TaskSpec) -> bytes:
+    def _args_node(self, spec: m.TaskSpec) -> NodeID:
         """Another node holding one of the task's large arguments, if any (locality)."""
         here = self.links.node_id
         for arg in spec.args:
             if arg.node_id and arg.node_id != here:
                 return arg.node_id
-        return b""
+        return NO_NODE
 
     def _cancel_lease_requests(self, queue: ShapeQueue) -> None:
         """Withdraw outstanding requests; a grant already on its way is handed back."""
@@ -205,7 +206,7 @@ class TaskSubmitter:
             queue.lease_requests.discard(req_id)
         return entry[0], queue
 
-    def on_lease_granted(self, msg: m.LeaseGranted, nm: Connection, node_id: bytes) -> None:
+    def on_lease_granted(self, msg: m.LeaseGranted, nm: Connection, node_id: NodeID) -> None:
         key, queue = self._take_request(msg.req_id)
         if queue is None or not queue.tasks:
             nm.send(m.ReturnLease(msg.lease_id))
@@ -241,7 +242,7 @@ class TaskSubmitter:
         with self.links.lock:
             self._request_lease(key, queue, nm, msg.node_id, spilled=True)
 
-    def node_died(self, node_id: bytes) -> None:
+    def node_died(self, node_id: NodeID) -> None:
         """Drop leases and requests on a dead node: its tasks are retried elsewhere."""
         with self.links.lock:
             workers = [w for q in self.queues.values() for w in q.workers

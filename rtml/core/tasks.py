@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rtml.exceptions import RtmlSystemError
+from rtml.ids import ActorID, NodeID, ObjectID, TaskID, WorkerID
 from rtml.rpc import messages as m
 from rtml.rpc.reactor import Connection
 from rtml.scheduler.resources import Shape
@@ -28,7 +29,7 @@ class TaskRecord:
     max_retries: int
     retry_exceptions: Any
     keep_alive: Sequence[Any]  # ObjectRefs the arguments need until the task ends
-    return_ids: Sequence[bytes]
+    return_ids: Sequence[ObjectID]
     has_contained: bool = False
     key: tuple[Any, ...] = ()  # shape_key(shape), computed once per remote function
     deps: int = 0
@@ -36,7 +37,7 @@ class TaskRecord:
     worker: LeasedWorker | None = None
     done: bool = False
     solo: bool = False  # pushed alone (untimed or long): nothing may queue behind it
-    parent: bytes | None = None  # the task that submitted it (None: the driver's own code)
+    parent: TaskID | None = None  # the task that submitted it (None: the driver's own code)
     stream: Any = None  # a generator task's items as they come (a generators.Stream)
     dynamic: bool = False  # num_returns="dynamic": its return is its items' refs, at the end
 
@@ -45,12 +46,12 @@ class TaskRecord:
 class LeasedWorker:
     conn: Connection
     lease_id: int
-    worker_id: bytes
+    worker_id: WorkerID
     key: tuple[Any, ...]
     nm: Connection  # the node manager that granted the lease
-    node_id: bytes
+    node_id: NodeID
     gpu_ids: tuple[int, ...] = ()
-    inflight: dict[bytes, TaskRecord] = field(default_factory=dict)
+    inflight: dict[TaskID, TaskRecord] = field(default_factory=dict)
     solo: int = 0  # in-flight tasks pushed alone
     idle_since: float = 0.0
     timer_armed: bool = False
@@ -70,7 +71,7 @@ class TaskEvents:
         """A task cannot end well: its returns are ``error`` (or an already-stored one)."""
         raise NotImplementedError
 
-    def generated(self, items: list[m.GeneratorItem], node_id: bytes) -> None:
+    def generated(self, items: list[m.GeneratorItem], node_id: NodeID) -> None:
         """Generator tasks yielded ``items`` on ``node_id``."""
         raise NotImplementedError
 
@@ -78,15 +79,15 @@ class TaskEvents:
         """Whether the exception ``msg`` carries is one ``record`` retries on."""
         raise NotImplementedError
 
-    def making(self, object_id: bytes) -> bool:
+    def making(self, object_id: ObjectID) -> bool:
         """Whether ``object_id`` is a return of a task not yet settled (under the lock)."""
         raise NotImplementedError
 
-    def forget_lineage(self, object_id: bytes) -> None:
+    def forget_lineage(self, object_id: ObjectID) -> None:
         """``object_id`` was freed (under the lock)."""
         raise NotImplementedError
 
-    def actor_ended(self, actor_id: bytes, why: str) -> None:
+    def actor_ended(self, actor_id: ActorID, why: str) -> None:
         """Actor ``actor_id`` is DEAD for good (under the lock)."""
         raise NotImplementedError
 

@@ -40,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from rtml.ids import NO_NODE, ActorID, JobID, NodeID
 from rtml.rpc import messages as m
 
 
@@ -76,7 +77,7 @@ class Actor:
     state: ActorState = ActorState.PENDING
     address: str = ""
     tcp_address: str = ""
-    node_id: bytes = b""
+    node_id: NodeID = NO_NODE
     restarts: int = 0
     error: str = ""
     no_restart: bool = False
@@ -96,15 +97,15 @@ class Actor:
 
 @dataclass(frozen=True)
 class StartActor:
-    node_id: bytes
+    node_id: NodeID
     spec: m.ActorSpec
     restarts: int = 0
 
 
 @dataclass(frozen=True)
 class KillWorker:
-    node_id: bytes
-    actor_id: bytes
+    node_id: NodeID
+    actor_id: ActorID
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ class Record:
 
     spec: m.ActorSpec
     state: ActorState
-    node_id: bytes
+    node_id: NodeID
     address: str
     restarts: int
     error: str
@@ -136,14 +137,14 @@ class Record:
 class ClaimName:
     namespace: str
     name: str
-    actor_id: bytes
+    actor_id: ActorID
 
 
 @dataclass(frozen=True)
 class ReleaseName:
     namespace: str
     name: str
-    actor_id: bytes
+    actor_id: ActorID
 
 
 Command = StartActor | KillWorker | Answer | Record | ClaimName | ReleaseName
@@ -155,10 +156,10 @@ OWNER_DIED = ("its owner (the process that created it) died; create it with "
 class ActorDirectory:
     """Every actor the head knows, by id, and the ones waiting for a node to fit."""
 
-    def __init__(self, pick_node: Callable[[m.ActorSpec], bytes | None],
-                 node_alive: Callable[[bytes], bool]) -> None:
-        self.actors: dict[bytes, Actor] = {}
-        self.pending: list[bytes] = []
+    def __init__(self, pick_node: Callable[[m.ActorSpec], NodeID | None],
+                 node_alive: Callable[[NodeID], bool]) -> None:
+        self.actors: dict[ActorID, Actor] = {}
+        self.pending: list[ActorID] = []
         self.recovering = False  # placement waits until the recorded nodes are back
         self._pick_node = pick_node
         self._node_alive = node_alive
@@ -186,7 +187,7 @@ class ActorDirectory:
             commands.append(Answer(peer, actor.info(req_id)))
         return commands + placed
 
-    def started(self, actor_id: bytes, node_id: bytes, address: str, tcp_address: str,
+    def started(self, actor_id: ActorID, node_id: NodeID, address: str, tcp_address: str,
                 error: str) -> list[Command]:
         """The actor's worker ran its constructor on ``node_id`` (``error`` if it raised)."""
         actor = self.actors.get(actor_id)
@@ -203,7 +204,7 @@ class ActorDirectory:
         actor.state, actor.address, actor.tcp_address = ActorState.ALIVE, address, tcp_address
         return [Record.of(actor), *self._answer(actor)]
 
-    def worker_died(self, actor_id: bytes, reason: str) -> list[Command]:
+    def worker_died(self, actor_id: ActorID, reason: str) -> list[Command]:
         """The actor's process exited (or its node died)."""
         actor = self.actors.get(actor_id)
         if actor is None or actor.state is ActorState.DEAD:
@@ -213,11 +214,11 @@ class ActorDirectory:
                 f"its process died ({reason}) and max_restarts={actor.spec.max_restarts} "
                 f"is used up"))
         actor.restarts += 1
-        actor.state, actor.address, actor.node_id = ActorState.RESTARTING, "", b""
+        actor.state, actor.address, actor.node_id = ActorState.RESTARTING, "", NO_NODE
         placed = self._place(actor)
         return [Record.of(actor), *placed]
 
-    def kill(self, actor_id: bytes, no_restart: bool, reason: str) -> list[Command]:
+    def kill(self, actor_id: ActorID, no_restart: bool, reason: str) -> list[Command]:
         """``rtml.kill``, or its last handle went out of scope."""
         actor = self.actors.get(actor_id)
         if actor is None or actor.state is ActorState.DEAD:
@@ -237,7 +238,7 @@ class ActorDirectory:
                                       f"its placement group {pg_hex} was removed")
         return commands
 
-    def exiting(self, peer: Caller, req_id: int, actor_id: bytes) -> list[Command]:
+    def exiting(self, peer: Caller, req_id: int, actor_id: ActorID) -> list[Command]:
         """The actor called exit_actor(): it ends when its process exits (worker_died),
         not restarted, its name free at once; answered so that it may exit."""
         actor = self.actors.get(actor_id)
@@ -250,7 +251,7 @@ class ActorDirectory:
             commands = self._release_name(actor)
         return [*commands, Answer(peer, actor.info(req_id))]
 
-    def node_died(self, node_id: bytes, reason: str) -> list[Command]:
+    def node_died(self, node_id: NodeID, reason: str) -> list[Command]:
         commands: list[Command] = []
         for actor in list(self.actors.values()):
             if actor.node_id == node_id and actor.state is not ActorState.DEAD:
@@ -258,7 +259,7 @@ class ActorDirectory:
                                              f"its node {node_id.hex()} died: {reason}")
         return commands
 
-    def job_ended(self, job_id: bytes, reason: str) -> list[Command]:
+    def job_ended(self, job_id: JobID, reason: str) -> list[Command]:
         """The job's driver left: its actors end, unless detached."""
         commands: list[Command] = []
         for actor in list(self.actors.values()):
@@ -281,7 +282,7 @@ class ActorDirectory:
 
     # -- recovery after a head restart ----------------------------------------------------
 
-    def restore(self, spec: m.ActorSpec, state: ActorState, node_id: bytes, address: str,
+    def restore(self, spec: m.ActorSpec, state: ActorState, node_id: NodeID, address: str,
                 tcp_address: str, restarts: int, error: str) -> None:
         """An actor as the control plane last recorded it. One (re)starting (PENDING,
         RESTARTING) waits for its node to say whether it hosts it, or to be declared
@@ -294,7 +295,7 @@ class ActorDirectory:
         actor.name_released = state is ActorState.DEAD
         self.actors[spec.actor_id] = actor
 
-    def node_back(self, node_id: bytes, hosted: list[m.HostedActor]) -> list[Command]:
+    def node_back(self, node_id: NodeID, hosted: list[m.HostedActor]) -> list[Command]:
         """A node re-registered, running (or starting) exactly ``hosted``."""
         commands: list[Command] = []
         here = set()
@@ -319,7 +320,7 @@ class ActorDirectory:
                 commands += self.worker_died(actor.spec.actor_id,
                                              "its worker was gone when its node rejoined")
             elif actor.state is not ActorState.DEAD:  # its StartActor never arrived
-                actor.node_id = b""
+                actor.node_id = NO_NODE
                 commands += self._place(actor)
         return commands
 
@@ -330,7 +331,7 @@ class ActorDirectory:
             if actor.state in (ActorState.PENDING, ActorState.RESTARTING) \
                     and not self._node_alive(actor.node_id) \
                     and actor.spec.actor_id not in self.pending:
-                actor.node_id = b""
+                actor.node_id = NO_NODE
                 self.pending.append(actor.spec.actor_id)
         return self.place_pending()
 

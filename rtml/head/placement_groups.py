@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from rtml.ids import JobID, NodeID, PlacementGroupID
 from rtml.rpc import messages as m
 from rtml.scheduler.bundles import place
 from rtml.scheduler.resources import Shape
@@ -32,11 +33,11 @@ class GroupState(Enum):
 class Group:
     spec: m.CreatePlacementGroup
     state: GroupState = GroupState.PENDING
-    nodes: list[bytes] = field(default_factory=list)  # a node per bundle, once chosen
-    waiting: set[bytes] = field(default_factory=set)  # nodes still to answer a prepare
+    nodes: list[NodeID] = field(default_factory=list)  # a node per bundle, once chosen
+    waiting: set[NodeID] = field(default_factory=set)  # nodes still to answer a prepare
     refused: bool = False  # a node answered no: released once all have answered
     round: int = 0  # placements tried: an answer to an earlier one is stale
-    held_by: set[bytes] = field(default_factory=set)  # nodes that said, on rejoining a
+    held_by: set[NodeID] = field(default_factory=set)  # nodes that said, on rejoining a
     # head that took over, they hold its bundles (where it was placed may not be known)
 
     def info(self, req_id: int) -> m.PlacementGroupInfo:
@@ -48,7 +49,7 @@ class Group:
 @dataclass(frozen=True)
 class Send:
     """A message for the node manager of ``node_id``."""
-    node_id: bytes
+    node_id: NodeID
     msg: m.Msg
 
 
@@ -70,10 +71,10 @@ Command = Send | KillGroupActors | Save
 
 @dataclass
 class PlacementGroups:
-    groups: dict[bytes, Group] = field(default_factory=dict)
-    forgotten: set[bytes] = field(default_factory=set)  # held by nodes, never recorded
+    groups: dict[PlacementGroupID, Group] = field(default_factory=dict)
+    forgotten: set[PlacementGroupID] = field(default_factory=set)  # held by nodes, never recorded
 
-    def create(self, spec: m.CreatePlacementGroup, room: dict[bytes, Shape]) -> list[Command]:
+    def create(self, spec: m.CreatePlacementGroup, room: dict[NodeID, Shape]) -> list[Command]:
         """A new group; ``room``: each live node's available resources (the head's view,
         from which what is chosen is taken)."""
         if spec.pg_id in self.groups:
@@ -81,7 +82,7 @@ class PlacementGroups:
         group = self.groups[spec.pg_id] = Group(spec)
         return [Save(group), *self._place(group, room)]
 
-    def place_pending(self, room: dict[bytes, Shape]) -> list[Command]:
+    def place_pending(self, room: dict[NodeID, Shape]) -> list[Command]:
         """Nodes' room changed: try the groups still waiting."""
         commands: list[Command] = []
         for group in self.groups.values():
@@ -90,7 +91,7 @@ class PlacementGroups:
                 commands += self._place(group, room)
         return commands
 
-    def prepared(self, pg_id: bytes, node_id: bytes, ok: bool, round: int | None = None
+    def prepared(self, pg_id: PlacementGroupID, node_id: NodeID, ok: bool, round: int | None = None
                  ) -> list[Command]:
         """A node answered a prepare (of placement ``round``; None: the current one)."""
         group = self.groups.get(pg_id)
@@ -110,7 +111,7 @@ class PlacementGroups:
         commits: list[Command] = [Send(n, m.CommitBundles(pg_id)) for n in chosen]
         return [*commits, Save(group)]
 
-    def remove(self, pg_id: bytes) -> list[Command]:
+    def remove(self, pg_id: PlacementGroupID) -> list[Command]:
         group = self.groups.get(pg_id)
         if group is None or group.state is GroupState.REMOVED:
             return []
@@ -120,14 +121,14 @@ class PlacementGroups:
         # (those still preparing are released once they answer)
         return commands + [Send(n, m.ReleaseBundles(pg_id)) for n in sorted(holders)]
 
-    def job_ended(self, job_id: bytes) -> list[Command]:
+    def job_ended(self, job_id: JobID) -> list[Command]:
         commands: list[Command] = []
         for pg_id, group in list(self.groups.items()):
             if group.spec.job_id == job_id and not group.spec.detached:
                 commands += self.remove(pg_id)
         return commands
 
-    def node_died(self, node_id: bytes, room: dict[bytes, Shape]) -> list[Command]:
+    def node_died(self, node_id: NodeID, room: dict[NodeID, Shape]) -> list[Command]:
         """Groups with a bundle there are placed again, whole (their other bundles are
         given back first)."""
         commands: list[Command] = []
@@ -147,14 +148,14 @@ class PlacementGroups:
         return commands
 
     def restore(self, spec: m.CreatePlacementGroup, state: GroupState,
-                nodes: list[bytes]) -> None:
+                nodes: list[NodeID]) -> None:
         """A group a predecessor head recorded: a created one keeps its bundles (its nodes
         kept them), one still being placed is placed again."""
         created = state is GroupState.CREATED
         self.groups[spec.pg_id] = Group(spec, state if created else GroupState.PENDING,
                                         nodes if created else [])
 
-    def node_back(self, node_id: bytes, held: list[bytes]) -> list[Command]:
+    def node_back(self, node_id: NodeID, held: list[PlacementGroupID]) -> list[Command]:
         """A node that rejoined a head that took over holds bundles of ``held``: those of
         groups removed meanwhile (the release could not reach it) and of groups with no
         record here (not written before the last head died; taken as removed, so nothing
@@ -170,7 +171,7 @@ class PlacementGroups:
                 group.held_by.add(node_id)
         return commands
 
-    def lookup(self, req_id: int, pg_id: bytes, name: str, namespace: str
+    def lookup(self, req_id: int, pg_id: PlacementGroupID, name: str, namespace: str
                ) -> m.PlacementGroupInfo:
         group = self.groups.get(pg_id) if pg_id else self._named(name, namespace)
         if group is None:
@@ -178,7 +179,7 @@ class PlacementGroups:
         return group.info(req_id)
 
     def removed(self, pg_hex: str) -> bool:
-        pg_id = bytes.fromhex(pg_hex)
+        pg_id = PlacementGroupID(bytes.fromhex(pg_hex))
         group = self.groups.get(pg_id)
         return (group is not None and group.state is GroupState.REMOVED) \
             or pg_id in self.forgotten
@@ -190,7 +191,7 @@ class PlacementGroups:
                 return group
         return None
 
-    def _place(self, group: Group, room: dict[bytes, Shape]) -> list[Command]:
+    def _place(self, group: Group, room: dict[NodeID, Shape]) -> list[Command]:
         spec = group.spec
         nodes = place(spec.bundles, spec.strategy, room)
         if nodes is None:
@@ -200,14 +201,14 @@ class PlacementGroups:
         group.round += 1
         for node_id, bundle in zip(nodes, spec.bundles, strict=True):
             _take(room, node_id, bundle)  # until the nodes' heartbeats tell the truth
-        per_node: dict[bytes, list[tuple[int, dict[str, float]]]] = {}
+        per_node: dict[NodeID, list[tuple[int, dict[str, float]]]] = {}
         for index, (node_id, bundle) in enumerate(zip(nodes, spec.bundles, strict=True)):
             per_node.setdefault(node_id, []).append((index, bundle))
         return [Send(n, m.PrepareBundles(spec.pg_id, bundles, group.round))
                 for n, bundles in sorted(per_node.items())]
 
 
-def _take(room: dict[bytes, Shape], node_id: bytes, bundle: Shape) -> None:
+def _take(room: dict[NodeID, Shape], node_id: NodeID, bundle: Shape) -> None:
     available = room.get(node_id)
     if available is not None:
         for name, amount in bundle.items():

@@ -50,6 +50,7 @@ from rtml.head import actors as ad
 from rtml.head import placement_groups as pgs
 from rtml.head.job_runner import JobRunner
 from rtml.head.writes import PlaneWrites
+from rtml.ids import NO_NODE, JobID, NodeID
 from rtml.rpc import messages as m
 from rtml.rpc.server import Peer, Service
 from rtml.scheduler import placement as pl
@@ -90,22 +91,22 @@ class HeadService(Service):
         self.plane = ControlPlane.at(self.redis, cfg.token)
         self.events = BatchedWriter(self.plane, interval=EVENT_FLUSH_INTERVAL)
         self.writes = PlaneWrites()
-        self.nodes: dict[bytes, NodeState] = {}
+        self.nodes: dict[NodeID, NodeState] = {}
         self.sched = pl.GlobalScheduler()
         self.actors = ad.ActorDirectory(self._actor_node, self._node_alive)
         self.groups = pgs.PlacementGroups()
-        self.jobs: dict[bytes, Peer] = {}
+        self.jobs: dict[JobID, Peer] = {}
         self.submissions = JobRunner(cfg.session_dir, cfg.token, self.plane, self.writes)
-        self.namespaces: dict[bytes, str] = {}  # every job's, also once it ended
-        self.lifetimes: dict[bytes, str] = {}  # each job's default actor lifetime
-        self.output_fences: dict[int, tuple[Peer, int, set[bytes]]] = {}  # see _flush_output
+        self.namespaces: dict[JobID, str] = {}  # every job's, also once it ended
+        self.lifetimes: dict[JobID, str] = {}  # each job's default actor lifetime
+        self.output_fences: dict[int, tuple[Peer, int, set[NodeID]]] = {}  # see _flush_output
         self._fence_ids = 0
         self.stopped = asyncio.Event()
         # After a restart, until recovery_deadline: what the predecessor knew, not back yet.
-        self.expected_nodes: set[bytes] = set()
-        self.expected_jobs: set[bytes] = set()
+        self.expected_nodes: set[NodeID] = set()
+        self.expected_jobs: set[JobID] = set()
         self.recovery_deadline: float | None = None
-        self.recorded_nodes: dict[bytes, m.NodeInfo] = {}  # as the predecessor knew them
+        self.recorded_nodes: dict[NodeID, m.NodeInfo] = {}  # as the predecessor knew them
         self._last_check = time.monotonic()  # of liveness (see check_liveness)
 
     def recover(self) -> None:
@@ -113,14 +114,14 @@ class HeadService(Service):
         before the head serves anyone."""
         nodes = self.plane.list_nodes()
         for node in nodes:
-            node_id = bytes.fromhex(node["NodeID"])
+            node_id = NodeID(bytes.fromhex(node["NodeID"]))
             self.recorded_nodes[node_id] = m.NodeInfo(
                 node_id, node["Alive"], node["NodeManagerAddress"], node["Resources"],
                 node["Available"], node.get("session_dir", ""))
             if node["Alive"]:
                 self.expected_nodes.add(node_id)
         for job in self.plane.list_jobs():
-            job_id = bytes.fromhex(job["JobID"])
+            job_id = JobID(bytes.fromhex(job["JobID"]))
             self.namespaces[job_id] = job.get("namespace", "")
             self.lifetimes[job_id] = job.get("default_lifetime", "")
             if not job["IsDead"]:
@@ -131,13 +132,13 @@ class HeadService(Service):
                 self.groups.restore(msgspec.msgpack.decode(group["spec"],
                                                            type=m.CreatePlacementGroup),
                                     pgs.GroupState(group["state"]),
-                                    [bytes.fromhex(n) for n in group.get("nodes", [])])
+                                    [NodeID(bytes.fromhex(n)) for n in group.get("nodes", [])])
         records = self.plane.actor_records()
         for record in records:
             if "spec" in record:
                 self.actors.restore(msgspec.msgpack.decode(record["spec"], type=m.ActorSpec),
                                     ad.ActorState(record["state"]),
-                                    bytes.fromhex(record["node_id"]), record["address"],
+                                    NodeID(bytes.fromhex(record["node_id"])), record["address"],
                                     record.get("tcp_address", ""), record["restarts"],
                                     record["error"])
         if nodes or records or self.expected_jobs:
@@ -172,7 +173,7 @@ class HeadService(Service):
         self._carry_out(self.actors.owner_gone(peer))
         self.submissions.peer_gone(peer)
 
-    def _job_ended(self, job_id: bytes, why: str) -> None:
+    def _job_ended(self, job_id: JobID, why: str) -> None:
         self.writes.write(self.plane.finish_job, job_id)
         self._event("JobFinished", job_id=job_id)
         self._carry_out(self.actors.job_ended(job_id, why))
@@ -219,7 +220,7 @@ class HeadService(Service):
             self._node_back(msg.node_id)
         self._carry_out(self.actors.place_pending())
 
-    def _node_back(self, node_id: bytes) -> None:
+    def _node_back(self, node_id: NodeID) -> None:
         if node_id in self.expected_nodes:
             self.expected_nodes.discard(node_id)
             if not self.expected_nodes:
@@ -283,7 +284,7 @@ class HeadService(Service):
         for node_id in self.sched.expired(now, self.cfg.node_timeout):
             self._node_died(node_id, f"it sent no heartbeat for {self.cfg.node_timeout:g} s")
 
-    def _node_died(self, node_id: bytes, reason: str) -> None:
+    def _node_died(self, node_id: NodeID, reason: str) -> None:
         """A node registered with us is dead."""
         self.sched.node_died(node_id)
         self.nodes[node_id].peer.send(m.Shutdown())  # back, it must not serve stale state
@@ -292,7 +293,7 @@ class HeadService(Service):
         for fence in list(self.output_fences):  # it will not answer
             self._output_flushed_by(fence, node_id)
 
-    def _declare_dead(self, node_id: bytes, reason: str) -> None:
+    def _declare_dead(self, node_id: NodeID, reason: str) -> None:
         """Record a node's death and tell everyone: its actors restart or die."""
         self.writes.write(self.plane.mark_node_dead, node_id)
         self._event("NodeDied", node_id=node_id, reason=reason)
@@ -315,7 +316,7 @@ class HeadService(Service):
         if group and self.groups.removed(group):
             bad = f"its placement group {group} was removed"
         if bad:
-            peer.send(m.LeasePlaced(msg.req_id, b"", "", error=f"lease refused: {bad}"))
+            peer.send(m.LeasePlaced(msg.req_id, NO_NODE, "", error=f"lease refused: {bad}"))
             return
         request = pl.Request(origin, msg.req_id, msg.shape, msg.strategy, msg.preferred_node,
                              msg.must_move)
@@ -323,7 +324,7 @@ class HeadService(Service):
         if isinstance(decision, pl.Pending):
             if not self.expected_nodes and not group:  # (a group's: until it is created;
                 # else a node that rejoins soon may well fit it)
-                peer.send(m.LeasePlaced(msg.req_id, b"", "", infeasible=True))
+                peer.send(m.LeasePlaced(msg.req_id, NO_NODE, "", infeasible=True))
         elif not isinstance(decision, pl.Parked):
             self._decided([decision])
 
@@ -341,9 +342,9 @@ class HeadService(Service):
             if isinstance(decision, pl.Placed):
                 origin.peer.send(m.LeasePlaced(req_id, decision.node_id, decision.address))
             elif isinstance(decision, pl.Failed):
-                origin.peer.send(m.LeasePlaced(req_id, b"", "", error=decision.error))
+                origin.peer.send(m.LeasePlaced(req_id, NO_NODE, "", error=decision.error))
 
-    def _node_of(self, peer: Peer) -> bytes | None:
+    def _node_of(self, peer: Peer) -> NodeID | None:
         for node_id, node in self.nodes.items():
             if node.peer is peer and node.alive:
                 return node_id
@@ -367,12 +368,12 @@ class HeadService(Service):
         self.output_fences[self._fence_ids] = (peer, msg.req_id, waiting)
         for node_id in waiting:
             self.nodes[node_id].peer.send(m.FlushOutput(self._fence_ids))
-        self._output_flushed_by(self._fence_ids, b"")
+        self._output_flushed_by(self._fence_ids, NO_NODE)
 
     def _output_flushed(self, peer: Peer, msg: m.OutputFlushed) -> None:
         self._output_flushed_by(msg.req_id, msg.node_id)
 
-    def _output_flushed_by(self, fence: int, node_id: bytes) -> None:
+    def _output_flushed_by(self, fence: int, node_id: NodeID) -> None:
         entry = self.output_fences.get(fence)
         if entry is None:
             return
@@ -419,7 +420,7 @@ class HeadService(Service):
             self._carry_out(self.actors.kill(msg.spec.actor_id, True,
                                              f"its placement group {group} was removed"))
 
-    def _actor_node(self, spec: m.ActorSpec) -> bytes | None:
+    def _actor_node(self, spec: m.ActorSpec) -> NodeID | None:
         affinity = parse_affinity(spec.strategy)
         if affinity is not None:
             node = self.nodes.get(affinity[0])
@@ -430,7 +431,7 @@ class HeadService(Service):
         view = self.sched.pick_for_actor(spec.shape, spread=spec.strategy == SPREAD)
         return None if view is None else view.node_id
 
-    def _node_alive(self, node_id: bytes) -> bool:
+    def _node_alive(self, node_id: NodeID) -> bool:
         node = self.nodes.get(node_id)
         return node is not None and node.alive
 
@@ -466,7 +467,7 @@ class HeadService(Service):
     def _bundles_prepared(self, peer: Peer, msg: m.BundlesPrepared) -> None:
         self._carry_groups(self.groups.prepared(msg.pg_id, msg.node_id, msg.ok, msg.round))
 
-    def _room(self) -> dict[bytes, dict[str, float]]:
+    def _room(self) -> dict[NodeID, dict[str, float]]:
         """Each live node's available resources, as the global scheduler sees them."""
         return {n.node_id: n.available for n in self.sched.alive()}
 
@@ -562,7 +563,7 @@ class HeadService(Service):
     }
 
 
-def fail_pending_tasks(plane: ControlPlane, job_id: bytes) -> None:
+def fail_pending_tasks(plane: ControlPlane, job_id: JobID) -> None:
     """Record the job's tasks still PENDING as FAILED: their driver (owner) has exited.
 
     Runs once per job end, off the event loop.

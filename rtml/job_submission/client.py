@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from rtml.exceptions import ProtocolError
-from rtml.ids import random_id
+from rtml.ids import new_client_id
 from rtml.job_submission import spec, working_dir
 from rtml.job_submission.spec import JobStatus
 from rtml.rpc import messages as m
@@ -262,7 +262,7 @@ class JobSubmissionClient:
 
 
 def _hello() -> m.Hello:
-    return make_hello("cli", random_id())
+    return make_hello("cli", new_client_id())
 
 
 def _replies(sock: socket.socket, address: str) -> Iterator[Any]:

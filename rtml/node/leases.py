@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rtml.ids import NodeID, WorkerID
 from rtml.rpc import messages as m
 from rtml.scheduler.local import LocalScheduler
 from rtml.scheduler.resources import Shape, bad_amount, fits
@@ -54,9 +55,9 @@ class Spilling:
 class LeaseRouter:
     """The node's lease requests: the local queue (``sched``) and those at the head."""
 
-    def __init__(self, node_id: bytes, sched: LocalScheduler,
-                 worker_of: Callable[[Any], bytes] = lambda client: b"") -> None:
-        """``worker_of(client)``: the id of the worker a client is, or ``b""``."""
+    def __init__(self, node_id: NodeID, sched: LocalScheduler,
+                 worker_of: Callable[[Any], WorkerID | None] = lambda client: None) -> None:
+        """``worker_of(client)``: the id of the worker a client is, or None."""
         self.node_id = node_id
         self.sched = sched
         self.worker_of = worker_of

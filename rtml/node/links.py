@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable
 
 from rtml.exceptions import ProtocolError
+from rtml.ids import NodeID
 from rtml.rpc import messages as m
 from rtml.rpc.client import FramedClient
 
@@ -34,14 +35,14 @@ class NodeLinks:
         self.token = token
         self.hello = hello
         self.on_answer = on_answer
-        self.addresses: dict[bytes, str] = {}
-        self._clients: dict[bytes, FramedClient] = {}
-        self._queues: dict[bytes, list[m.Msg]] = {}
-        self._tasks: dict[bytes, asyncio.Task[None]] = {}
-        self._fences: dict[bytes, dict[int, asyncio.Future[None]]] = {}
+        self.addresses: dict[NodeID, str] = {}
+        self._clients: dict[NodeID, FramedClient] = {}
+        self._queues: dict[NodeID, list[m.Msg]] = {}
+        self._tasks: dict[NodeID, asyncio.Task[None]] = {}
+        self._fences: dict[NodeID, dict[int, asyncio.Future[None]]] = {}
         self._fence_ids = itertools.count(1)
 
-    def send(self, node_id: bytes, msg: m.Msg) -> None:
+    def send(self, node_id: NodeID, msg: m.Msg) -> None:
         client = self._clients.get(node_id)
         if client is not None:
             client.send(msg)
@@ -50,7 +51,7 @@ class NodeLinks:
         if node_id not in self._tasks and node_id in self.addresses:
             self._tasks[node_id] = asyncio.get_running_loop().create_task(self._run(node_id))
 
-    async def fence(self, node_id: bytes) -> None:
+    async def fence(self, node_id: NodeID) -> None:
         """Return once ``node_id`` has handled every message sent to it before this call,
         or its link failed (then nothing more can be known, or done, there)."""
         req_id = next(self._fence_ids)
@@ -59,7 +60,7 @@ class NodeLinks:
         self.send(node_id, m.LinkFence(req_id))
         await future
 
-    def _fenced(self, node_id: bytes, req_id: int | None = None) -> None:
+    def _fenced(self, node_id: NodeID, req_id: int | None = None) -> None:
         """Resolve fence ``req_id`` on ``node_id``'s link, or all of them (the link failed)."""
         fences = self._fences.get(node_id, {})
         for future in [fences.pop(req_id, None)] if req_id is not None else fences.values():
@@ -68,12 +69,12 @@ class NodeLinks:
         if req_id is None or not fences:
             self._fences.pop(node_id, None)
 
-    def address_known(self, node_id: bytes, address: str) -> None:
+    def address_known(self, node_id: NodeID, address: str) -> None:
         self.addresses[node_id] = address
         if node_id in self._queues and node_id not in self._tasks:
             self._tasks[node_id] = asyncio.get_running_loop().create_task(self._run(node_id))
 
-    async def _run(self, node_id: bytes) -> None:
+    async def _run(self, node_id: NodeID) -> None:
         address = self.addresses[node_id]
         try:
             client, _ = await FramedClient.connect(address, self.token, self.hello)
@@ -102,7 +103,7 @@ class NodeLinks:
             client.close()
             self._fenced(node_id)
 
-    def forget(self, node_id: bytes) -> None:
+    def forget(self, node_id: NodeID) -> None:
         """The node died: drop its connection and whatever waits for it."""
         self._queues.pop(node_id, None)
         task = self._tasks.pop(node_id, None)

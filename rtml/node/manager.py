@@ -44,7 +44,19 @@ from rtml.daemon import (
     setup_logging,
 )
 from rtml.exceptions import RtmlSystemError
-from rtml.ids import random_id
+from rtml.ids import (
+    NO_ACTOR,
+    NO_NODE,
+    UNKNOWN_JOB,
+    ActorID,
+    ClientID,
+    JobID,
+    NodeID,
+    PlacementGroupID,
+    WorkerID,
+    new_node_id,
+    new_worker_id,
+)
 from rtml.node.head_link import HeadLink
 from rtml.node.leases import LeaseRouter, Reply, ToHead
 from rtml.node.links import NodeLinks
@@ -75,10 +87,10 @@ IDLE_WORKER_TICKS = 10
 
 @dataclass
 class Client:
-    client_id: bytes
+    client_id: ClientID
     role: str
-    job_id: bytes = b""
-    node_id: bytes = b""  # another node's id for owners leasing here over TCP
+    job_id: JobID = UNKNOWN_JOB
+    node_id: NodeID = NO_NODE  # another node's id for owners leasing here over TCP
     worker: WorkerProc | None = None
     waiters: set[int] = field(default_factory=set)
 
@@ -90,14 +102,14 @@ class NodeManager(Service):
         self.session = Session(Path(cfg.session_dir))
         # The id starts with our pid, so the name of our store directory (the id in hex)
         # tells a later node manager whether its owner is still alive.
-        self.node_id = os.getpid().to_bytes(4, "big") + random_id(12)
+        self.node_id = new_node_id()
         self.store_dir = objectstore.store_dir_of(self.node_id.hex())
         self.sched = LocalScheduler(cfg.total_resources(), self._pool_size())
-        self.workers: dict[bytes, WorkerProc] = {}
-        self.actor_specs: dict[bytes, m.ActorSpec] = {}
-        self.actor_restarts: dict[bytes, int] = {}  # of the actors restarted, until placed
+        self.workers: dict[ClientID, WorkerProc] = {}  # by worker id (a worker is a client)
+        self.actor_specs: dict[ActorID, m.ActorSpec] = {}
+        self.actor_restarts: dict[ActorID, int] = {}  # of the actors restarted, until placed
         self._total_sent = 0  # the scheduler's total_changes the head was last sent
-        self.actor_gpus: dict[bytes, tuple[int, ...]] = {}
+        self.actor_gpus: dict[ActorID, tuple[int, ...]] = {}
         self.unix_path = str(self.session.sockets / "nm.sock")
         self.stopped = asyncio.Event()
         self.registered = asyncio.Event()  # the head answered our registration
@@ -105,14 +117,16 @@ class NodeManager(Service):
         self.transfer_address = ""
         self.plane: ControlPlane | None = None
         self.clients: set[Peer] = set()
-        self.other_nodes: set[bytes] = set()
+        self.other_nodes: set[NodeID] = set()
         self.leases = LeaseRouter(self.node_id, self.sched, _worker_of)
-        self.links = NodeLinks(self.token, make_hello("node", self.node_id), self._link_answer)
+        # To the head and other node managers it is a client named by its node id.
+        self.client_id = ClientID(self.node_id)
+        self.links = NodeLinks(self.token, make_hello("node", self.client_id), self._link_answer)
         self.objects = ObjectManager(self.node_id, self.store_dir, str(self.session.spill),
                                      cfg.object_store_memory, self.token, self.links,
                                      self._end_actor)
         self.launcher = WorkerLauncher(zygote, self._worker_gone)
-        self.head = HeadLink(cfg.head_address, self.token, make_hello("node", self.node_id))
+        self.head = HeadLink(cfg.head_address, self.token, make_hello("node", self.client_id))
 
     def _link_answer(self, msg: m.Msg) -> None:
         if isinstance(msg, m.ObjectLocated):
@@ -120,7 +134,7 @@ class NodeManager(Service):
         else:
             log.warning("unexpected %s on a node link", type(msg).__name__)
 
-    def _end_actor(self, actor_id: bytes) -> None:
+    def _end_actor(self, actor_id: ActorID) -> None:
         """The actor's life object was freed here: no handle to it is left anywhere."""
         self.head.send(m.KillActor(actor_id, no_restart=True, reason=m.OUT_OF_SCOPE))
 
@@ -150,7 +164,7 @@ class NodeManager(Service):
         msg = m.RegisterNode(self.node_id, self.address, self.unix_path, self.sched.total,
                              str(self.session.root), self.transfer_address, rejoin=rejoin)
         if rejoin:
-            msg.groups = [bytes.fromhex(pg) for pg in self.sched.bundles]
+            msg.groups = [PlacementGroupID(bytes.fromhex(pg)) for pg in self.sched.bundles]
             ready = {w.actor_id: w for w in self.workers.values() if w.actor_ready}
             for actor_id, spec in self.actor_specs.items():
                 worker = ready.get(actor_id)
@@ -255,9 +269,9 @@ class NodeManager(Service):
     # -- connections -------------------------------------------------------------------------
 
     def on_hello(self, peer: Peer, hello: m.Hello) -> m.HelloReply:
-        remote = hello.node_id not in (b"", self.node_id)
+        remote = hello.node_id not in (NO_NODE, self.node_id)
         client = Client(hello.client_id, hello.role, hello.job_id,
-                        hello.node_id if remote else b"")
+                        hello.node_id if remote else NO_NODE)
         if hello.role in ("driver", "worker"):
             self.clients.add(peer)
             if not remote:
@@ -414,7 +428,7 @@ class NodeManager(Service):
             elif isinstance(command, ToHead):
                 self.head.send(command.msg)
             elif isinstance(command, StartWorker):
-                self._spawn(b"", command.runtime_env)
+                self._spawn(NO_ACTOR, command.runtime_env)
             elif isinstance(command, StartActor):
                 self.actor_gpus[command.actor_id] = command.gpu_ids
                 self._spawn(command.actor_id)
@@ -426,13 +440,13 @@ class NodeManager(Service):
                 command.client.send(m.LeaseFailed(command.req_id, command.reason))
                 self._run(self.leases.granted(command.client, command.req_id))  # (its spill)
 
-    def _spawn(self, actor_id: bytes, runtime_env: str = "") -> None:
+    def _spawn(self, actor_id: ActorID, runtime_env: str = "") -> None:
         """Start a worker: for the actor ``actor_id`` (in its spec's runtime env), or for
         leases (of ``runtime_env``, if one)."""
         if actor_id:
             spec = self.actor_specs.get(actor_id)
             runtime_env = spec.runtime_env if spec is not None else ""
-        worker = WorkerProc(random_id(), actor_id, runtime_env=runtime_env)
+        worker = WorkerProc(new_worker_id(), actor_id, runtime_env=runtime_env)
         self.workers[worker.worker_id] = worker
         config = WorkerConfig(str(self.session.root), self.token, f"unix:{self.unix_path}",
                               self.cfg.head_address, self.cfg.node_ip, worker.worker_id,
@@ -462,7 +476,7 @@ class NodeManager(Service):
                        if not w.actor_id and not w.runtime_env and w.address)
             self._run(self.sched.ensure_pool(live))
 
-    def _kill_actor(self, actor_id: bytes) -> None:
+    def _kill_actor(self, actor_id: ActorID) -> None:
         for worker in self.workers.values():
             if worker.actor_id == actor_id:
                 worker.kill()
@@ -533,7 +547,7 @@ def run(argv: list[str], zygote: subprocess.Popen[bytes]) -> int:
     return run_daemon("node manager", "node_manager", ready, serve(cfg, ready, zygote))
 
 
-def _worker_of(peer: Peer) -> bytes:
+def _worker_of(peer: Peer) -> WorkerID | None:
     """The worker id of the client on ``peer`` (a lease is never granted to its asker)."""
     worker = peer.context.worker
-    return worker.worker_id if worker is not None else b""
+    return worker.worker_id if worker is not None else None

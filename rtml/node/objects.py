@@ -33,6 +33,7 @@ from typing import Any
 from rtml.config import STORE_FULL_TIMEOUT
 from rtml.control_plane import ControlPlane, location_field
 from rtml.exceptions import ObjectLostError, RtmlSystemError
+from rtml.ids import NO_CLIENT, NO_NODE, NO_OBJECT, ActorID, ClientID, NodeID, ObjectID
 from rtml.node.links import NodeLinks
 from rtml.objectstore import private, segment
 from rtml.objectstore.remote import RemoteHolds
@@ -61,9 +62,9 @@ class _Creation:
 
     peer: Any
     req_id: int
-    object_id: bytes
+    object_id: ObjectID
     size: int
-    creator: bytes
+    creator: ClientID
     timer: asyncio.TimerHandle | None = None
 
 
@@ -76,35 +77,35 @@ class ObjectTableBatch:
     of an object that was deleted meanwhile cannot resurrect a partial record.
     """
 
-    def __init__(self, node_id: bytes) -> None:
+    def __init__(self, node_id: NodeID) -> None:
         self.node_id = node_id
         self.here = location_field(node_id)
-        self.puts: dict[bytes, dict[str, Any]] = {}
-        self.removes: set[bytes] = set()
-        self.dropped: set[bytes] = set()  # copies dropped here (the record may live on)
-        self.recorded: set[bytes] = set()
+        self.puts: dict[ObjectID, dict[str, Any]] = {}
+        self.removes: set[ObjectID] = set()
+        self.dropped: set[ObjectID] = set()  # copies dropped here (the record may live on)
+        self.recorded: set[ObjectID] = set()
 
-    def sealed(self, object_id: bytes, size: int, owner: bytes) -> None:
+    def sealed(self, object_id: ObjectID, size: int, owner: bytes) -> None:
         """A new object was sealed here; ``owner`` is its first holder (a hint)."""
         self.removes.discard(object_id)
         self.recorded.add(object_id)
         self.puts[object_id] = {"node_id": self.node_id, self.here: "SEALED", "size": size,
                                 "state": "SEALED", "owner": owner}
 
-    def copied(self, object_id: bytes) -> None:
+    def copied(self, object_id: ObjectID) -> None:
         """A copy of another node's object now lives here too."""
         self.dropped.discard(object_id)
         self.recorded.add(object_id)
         self.puts[object_id] = {self.here: "SEALED"}
 
-    def adopted(self, object_id: bytes) -> None:
+    def adopted(self, object_id: ObjectID) -> None:
         """The copy here is the object's primary now: its primary node died."""
         self.dropped.discard(object_id)
         self.recorded.add(object_id)
         info = self.puts.setdefault(object_id, {})
         info.update({"node_id": self.node_id, self.here: "SEALED", "state": "SEALED"})
 
-    def state_changed(self, object_id: bytes, state: str, primary: bool) -> None:
+    def state_changed(self, object_id: ObjectID, state: str, primary: bool) -> None:
         """The object moved between shared memory (SEALED) and disk (SPILLED)."""
         if object_id in self.recorded:
             info = self.puts.setdefault(object_id, {})
@@ -112,21 +113,22 @@ class ObjectTableBatch:
             if primary:
                 info["state"] = state
 
-    def deleted(self, object_id: bytes, primary: bool) -> None:
+    def deleted(self, object_id: ObjectID, primary: bool) -> None:
         if object_id in self.recorded:
             self.recorded.discard(object_id)
             self.puts.pop(object_id, None)
             (self.removes if primary else self.dropped).add(object_id)
 
-    def drain(self) -> tuple[dict[bytes, dict[str, Any]], list[bytes], dict[bytes, list[str]]]:
+    def drain(self) -> tuple[dict[ObjectID, dict[str, Any]], list[ObjectID],
+                             dict[ObjectID, list[str]]]:
         """The pending (puts, removes, dropped location fields), now owned by the caller."""
         puts, removes = self.puts, list(self.removes)
         drops = {object_id: [self.here] for object_id in self.dropped}
         self.puts, self.removes, self.dropped = {}, set(), set()
         return puts, removes, drops
 
-    def requeue(self, puts: dict[bytes, dict[str, Any]], removes: list[bytes],
-                drops: dict[bytes, list[str]]) -> None:
+    def requeue(self, puts: dict[ObjectID, dict[str, Any]], removes: list[ObjectID],
+                drops: dict[ObjectID, list[str]]) -> None:
         """Put back a batch whose write failed, under any newer change."""
         for object_id, info in puts.items():
             if object_id in self.recorded:
@@ -140,12 +142,12 @@ class ObjectTableBatch:
 class ObjectManager:
     """This node's objects: the store core, remote holds, pulls, copies and the table."""
 
-    def __init__(self, node_id: bytes, store_dir: str, spill_dir: str, capacity: int,
-                 token: str, links: NodeLinks, end_actor: Callable[[bytes], None]) -> None:
+    def __init__(self, node_id: NodeID, store_dir: str, spill_dir: str, capacity: int,
+                 token: str, links: NodeLinks, end_actor: Callable[[ActorID], None]) -> None:
         self.node_id = node_id
         self.end_actor = end_actor  # an actor's life object was freed here: it ends
-        self.lives: dict[bytes, bytes] = {}  # life object -> its actor
-        self.holds_at: dict[bytes, bytes] = {}  # our object -> the node holding its refs
+        self.lives: dict[ObjectID, ActorID] = {}  # life object -> its actor
+        self.holds_at: dict[ObjectID, NodeID] = {}  # our object -> the node holding its refs
         self.store_dir = store_dir
         self.spill_dir = spill_dir
         self.token = token
@@ -156,22 +158,23 @@ class ObjectManager:
         self.waiters: dict[int, tuple[Any, int]] = {}
         self._waiter_ids = 0
         self._collect_scheduled = False
-        self.gone_clients: dict[bytes, None] = {}  # insertion-ordered, bounded
-        self.transfer_addresses: dict[bytes, str] = {}
-        self.dead_nodes: set[bytes] = set()
-        self.pulls: dict[bytes, bytes] = {}  # object id -> node pulled from
-        self.unlocated: set[bytes] = set()  # awaited here, location unknown: ask the table
+        self.gone_clients: dict[ClientID, None] = {}  # insertion-ordered, bounded
+        self.transfer_addresses: dict[NodeID, str] = {}
+        self.dead_nodes: set[NodeID] = set()
+        self.pulls: dict[ObjectID, NodeID] = {}  # object id -> node pulled from
+        self.unlocated: set[ObjectID] = set()  # awaited here, location unknown: ask the table
         self.pulls_started = 0
-        self.awaiting_address: dict[bytes, set[bytes]] = {}  # node -> objects to pull
-        self.copies: dict[bytes, set[bytes]] = {}  # our object -> nodes holding a copy
-        self.copy_of: dict[bytes, bytes] = {}  # our copy -> its primary node
-        self.local_clients: set[bytes] = set()  # drivers and workers of this node
-        self.awaited: dict[bytes, bytes] = {}  # awaited here before it exists -> its owner here
-        self.locating: dict[bytes, list[tuple[Any, int]]] = {}  # object -> nodes asking where
-        self.owners: dict[bytes, tuple[bytes, int]] = {}  # object pulled -> (owner, asks so far)
-        self.asked: dict[bytes, tuple[bytes, bytes, int]] = {}  # object -> (node asked, owner,
-        self._locate_ids = 0                                 #            asks so far)
-        self.lost: OrderedDict[bytes, str] = OrderedDict()  # gone (its node died, a restore
+        self.awaiting_address: dict[NodeID, set[ObjectID]] = {}  # node -> objects to pull
+        self.copies: dict[ObjectID, set[NodeID]] = {}  # our object -> nodes holding a copy
+        self.copy_of: dict[ObjectID, NodeID] = {}  # our copy -> its primary node
+        self.local_clients: set[ClientID] = set()  # drivers and workers of this node
+        self.awaited: dict[ObjectID, ClientID] = {}  # awaited here before it exists -> its owner
+        self.locating: dict[ObjectID, list[tuple[Any, int]]] = {}  # object -> nodes asking where
+        self.owners: dict[ObjectID, tuple[ClientID, int]] = {}  # pulled -> (owner, asks so far)
+        # object -> (node asked, owner, asks so far)
+        self.asked: dict[ObjectID, tuple[NodeID, ClientID, int]] = {}
+        self._locate_ids = 0
+        self.lost: OrderedDict[ObjectID, str] = OrderedDict()  # gone (its node died, a restore
         #                                                  failed), asked for later: why
         self.creating: list[_Creation] = []  # waiting for room, oldest first
         self.spill_error = ""  # why the last spill failed, while making room
@@ -181,7 +184,7 @@ class ObjectManager:
 
     # -- client events -------------------------------------------------------------------------
 
-    def create(self, peer: Any, creator: bytes, msg: m.CreateObject) -> None:
+    def create(self, peer: Any, creator: ClientID, msg: m.CreateObject) -> None:
         """Room for an object ``creator`` is about to write here: made by spilling others
         if need be, else waited for (objects freed meanwhile) up to STORE_FULL_TIMEOUT s.
         Answered either way; a spill that fails answers at once, out of disk."""
@@ -264,9 +267,9 @@ class ObjectManager:
         copy. Learning that an object's primary is elsewhere moves the holds already made
         here for it there (a ref pickled before its value existed names its owner's node),
         pulls it for those waiting here, and answers the nodes asking where it is."""
-        primary = msg.node_id if msg.node_id != self.node_id else b""
+        primary = msg.node_id if msg.node_id != self.node_id else NO_NODE
         if not primary:
-            here: list[bytes] = []
+            here: list[ObjectID] = []
             for object_id in msg.object_ids:
                 elsewhere = self._primary_elsewhere(object_id)
                 if elsewhere:
@@ -285,15 +288,15 @@ class ObjectManager:
                 if self.store.waiting_on(object_id):
                     self._pull(object_id, primary)
 
-    def _primary_elsewhere(self, object_id: bytes) -> bytes:
+    def _primary_elsewhere(self, object_id: ObjectID) -> NodeID:
         """The node holds on the object go to, if not this one (it is not sealed here, or
-        only as a copy, and its primary is known to be there); else ``b""``."""
+        only as a copy, and its primary is known to be there); else ``NO_NODE``."""
         primary = self.remote.primary_of(object_id)
         if primary is None or (self.store.contains(object_id) and object_id not in self.copy_of):
-            return b""
+            return NO_NODE
         return primary
 
-    def _hold_remote(self, object_ids: list[bytes], holder: bytes, node_id: bytes) -> None:
+    def _hold_remote(self, object_ids: list[ObjectID], holder: bytes, node_id: NodeID) -> None:
         for primary, first in self.remote.add(object_ids, holder, node_id).items():
             self.links.send(primary, m.AddHolds(first, self.node_id))
 
@@ -307,7 +310,7 @@ class ObjectManager:
         self.execute(self.store.release_holds(here, msg.holder))
         self.schedule_collect()
 
-    def release_holder(self, holder: bytes, node_id: bytes = b"") -> None:
+    def release_holder(self, holder: bytes, node_id: NodeID = NO_NODE) -> None:
         """Drop every hold of ``holder``: here, or on ``node_id`` (whose manager holds for
         it: a task's return value, freed by its owner on another node)."""
         if node_id and node_id != self.node_id:
@@ -330,7 +333,7 @@ class ObjectManager:
 
         self._own(asyncio.ensure_future(answer()))
 
-    def _forward_releases(self, last: dict[bytes, list[bytes]]) -> None:
+    def _forward_releases(self, last: dict[NodeID, list[ObjectID]]) -> None:
         for node_id, object_ids in last.items():
             if node_id not in self.dead_nodes:
                 self.links.send(node_id, m.ReleaseHolds(object_ids, self.node_id))
@@ -357,11 +360,11 @@ class ObjectManager:
         else:
             self.unlocated.add(object_id)
 
-    def client_joined(self, client_id: bytes) -> None:
+    def client_joined(self, client_id: ClientID) -> None:
         """A driver or worker of this node connected: it may own objects awaited here."""
         self.local_clients.add(client_id)
 
-    def client_gone(self, client_id: bytes, waiters: set[int]) -> None:
+    def client_gone(self, client_id: ClientID, waiters: set[int]) -> None:
         for waiter_id in waiters:
             self.waiters.pop(waiter_id, None)
             self.store.cancel_waiter(waiter_id)
@@ -384,7 +387,7 @@ class ObjectManager:
             self.local_clients.discard(client_id)
             self._owner_gone(client_id)
 
-    def _owner_gone(self, owner: bytes) -> None:
+    def _owner_gone(self, owner: ClientID) -> None:
         """Objects awaited here whose owner just died and that exist nowhere: they never
         will (their waiters, and the nodes asking where they are, get OwnerDiedError)."""
         why = _owner_died(owner)
@@ -395,7 +398,7 @@ class ObjectManager:
                 continue
             del self.awaited[object_id]
             for peer, req_id in self.locating.pop(object_id, ()):
-                peer.send(m.ObjectLocated(req_id, object_id, b"", why, owner_died=True))
+                peer.send(m.ObjectLocated(req_id, object_id, NO_NODE, why, owner_died=True))
             self.execute(self.store.fail_waiters(object_id, why), True)
 
     # -- where objects are -------------------------------------------------------------------
@@ -408,23 +411,23 @@ class ObjectManager:
         if where:
             peer.send(m.ObjectLocated(msg.req_id, object_id, where))
         elif object_id in self.lost:
-            peer.send(m.ObjectLocated(msg.req_id, object_id, b"", self.lost[object_id]))
+            peer.send(m.ObjectLocated(msg.req_id, object_id, NO_NODE, self.lost[object_id]))
         elif msg.owner_id in self.local_clients:
             self.locating.setdefault(object_id, []).append((peer, msg.req_id))
             self.awaited[object_id] = msg.owner_id
         elif msg.owner_id in self.gone_clients:
-            peer.send(m.ObjectLocated(msg.req_id, object_id, b"", _owner_died(msg.owner_id),
+            peer.send(m.ObjectLocated(msg.req_id, object_id, NO_NODE, _owner_died(msg.owner_id),
                                       owner_died=True))
         else:
-            peer.send(m.ObjectLocated(msg.req_id, object_id, b"",
+            peer.send(m.ObjectLocated(msg.req_id, object_id, NO_NODE,
                                       f"node {self.node_id.hex()} has no copy"))
 
-    def _where(self, object_id: bytes) -> bytes:
+    def _where(self, object_id: ObjectID) -> NodeID:
         if self.store.contains(object_id):
             return self.node_id
-        return self.remote.primary_of(object_id) or b""
+        return self.remote.primary_of(object_id) or NO_NODE
 
-    def _located(self, object_id: bytes, node_id: bytes) -> None:
+    def _located(self, object_id: ObjectID, node_id: NodeID) -> None:
         self.awaited.pop(object_id, None)
         for peer, req_id in self.locating.pop(object_id, ()):
             peer.send(m.ObjectLocated(req_id, object_id, node_id))
@@ -441,7 +444,7 @@ class ObjectManager:
             _, owner, asks = asked
             self._pull(object_id, msg.node_id, owner, asks)
 
-    def _ask_where(self, object_id: bytes, node_id: bytes, owner: bytes, asks: int) -> None:
+    def _ask_where(self, object_id: ObjectID, node_id: NodeID, owner: ClientID, asks: int) -> None:
         self._locate_ids += 1
         self.asked[object_id] = (node_id, owner, asks + 1)
         self.links.send(node_id, m.LocateObject(self._locate_ids, object_id, owner))
@@ -456,7 +459,7 @@ class ObjectManager:
                 for object_id in self.awaiting_address.pop(entry.node_id, ()):
                     self._start_pull(object_id, entry.node_id, entry.transfer_address)
 
-    def node_died(self, node_id: bytes, reason: str) -> list[bytes]:
+    def node_died(self, node_id: NodeID, reason: str) -> list[ObjectID]:
         """Objects whose primary was there are lost, unless a copy of them is here: that copy
         becomes the primary, held by those who held the lost one (their ids are returned);
         its holds on ours are dropped."""
@@ -479,7 +482,7 @@ class ObjectManager:
             self.execute(self.store.fail_waiters(object_id, why))
             self.awaited.pop(object_id, None)
             for peer, req_id in self.locating.pop(object_id, ()):
-                peer.send(m.ObjectLocated(req_id, object_id, b"", why))
+                peer.send(m.ObjectLocated(req_id, object_id, NO_NODE, why))
             self._remember_lost(object_id, why)  # its owner lives on: asked later, we say why
         for holders in self.copies.values():
             holders.discard(node_id)
@@ -490,12 +493,12 @@ class ObjectManager:
         self.release_holder(node_id)
         return kept
 
-    def _remember_lost(self, object_id: bytes, why: str) -> None:
+    def _remember_lost(self, object_id: ObjectID, why: str) -> None:
         self.lost[object_id] = why
         if len(self.lost) > LOST_KEPT:
             self.lost.popitem(last=False)
 
-    def objects_freed(self, object_ids: list[bytes]) -> None:
+    def objects_freed(self, object_ids: list[ObjectID]) -> None:
         """The primary node deleted these objects: drop our copies."""
         for object_id in object_ids:
             self.copy_of.pop(object_id, None)
@@ -504,7 +507,8 @@ class ObjectManager:
 
     # -- pulls -----------------------------------------------------------------------------------
 
-    def _pull(self, object_id: bytes, node_id: bytes, owner: bytes = b"", asks: int = 0) -> None:
+    def _pull(self, object_id: ObjectID, node_id: NodeID, owner: ClientID = NO_CLIENT,
+              asks: int = 0) -> None:
         """Pull the object from ``node_id``; one not there is asked for there (see
         :meth:`answer_locate`), at most ``MAX_ASKS`` times for one wait."""
         if object_id in self.pulls or object_id in self.asked:
@@ -522,7 +526,7 @@ class ObjectManager:
         else:
             self._start_pull(object_id, node_id, address)
 
-    def _start_pull(self, object_id: bytes, node_id: bytes, address: str) -> None:
+    def _start_pull(self, object_id: ObjectID, node_id: NodeID, address: str) -> None:
         from rtml.objectstore import transfer  # imports gRPC: only nodes that pull pay
 
         self.pulls_started += 1
@@ -532,13 +536,13 @@ class ObjectManager:
         self._own(future)
         future.add_done_callback(lambda f: self._pulled(object_id, node_id, f))
 
-    def _pulled(self, object_id: bytes, node_id: bytes, future: asyncio.Future[int]) -> None:
+    def _pulled(self, object_id: ObjectID, node_id: NodeID, future: asyncio.Future[int]) -> None:
         if self.pulls.get(object_id) != node_id:
             if not future.cancelled():
                 future.exception()  # (retrieved: its failure was expected)
             return  # the source died meanwhile; the waiters were told
         del self.pulls[object_id]
-        owner, asks = self.owners.pop(object_id, (b"", 0))
+        owner, asks = self.owners.pop(object_id, (NO_CLIENT, 0))
         try:
             size = future.result()
         except ObjectLostError as exc:  # not there (yet): its owner's node knows where
@@ -559,7 +563,7 @@ class ObjectManager:
 
     # -- serving pulls (called on gRPC threads) ------------------------------------------------
 
-    def locate(self, object_id: bytes) -> str | None:
+    def locate(self, object_id: ObjectID) -> str | None:
         """The file holding our copy of ``object_id`` (shm or spilled), or None."""
         for path in (segment.segment_path(self.store_dir, object_id),
                      segment.spill_path(self.spill_dir, object_id)):
@@ -567,10 +571,10 @@ class ObjectManager:
                 return path
         return None
 
-    def _served(self, object_id: bytes, requester: bytes) -> None:
+    def _served(self, object_id: ObjectID, requester: NodeID) -> None:
         self.loop.call_soon_threadsafe(self._note_copy, object_id, requester)
 
-    def _note_copy(self, object_id: bytes, requester: bytes) -> None:
+    def _note_copy(self, object_id: ObjectID, requester: NodeID) -> None:
         if not requester or requester in self.dead_nodes:
             return
         if self.store.contains(object_id):
@@ -626,15 +630,15 @@ class ObjectManager:
             entry = self.waiters.pop(waiter_id, None)
             if entry is not None:
                 peer, req_id = entry
-                peer.send(m.ObjectAvailable(req_id, b"", error, owner_died))
+                peer.send(m.ObjectAvailable(req_id, NO_OBJECT, error, owner_died))
 
-    def _segment(self, object_id: bytes) -> str:
+    def _segment(self, object_id: ObjectID) -> str:
         return segment.segment_path(self.store_dir, object_id)
 
-    def _spill_file(self, object_id: bytes) -> str:
+    def _spill_file(self, object_id: ObjectID) -> str:
         return segment.spill_path(self.spill_dir, object_id)
 
-    def _spill(self, object_id: bytes) -> None:
+    def _spill(self, object_id: ObjectID) -> None:
         spill_file = self._spill_file(object_id)
         try:
             segment.copy_file(self._segment(object_id), spill_file)
@@ -649,7 +653,7 @@ class ObjectManager:
             os.unlink(self._segment(object_id))
         self.table.state_changed(object_id, "SPILLED", object_id not in self.copy_of)
 
-    def _restore(self, object_id: bytes) -> None:
+    def _restore(self, object_id: ObjectID) -> None:
         try:
             segment.copy_file(self._spill_file(object_id), self._segment(object_id))
             os.unlink(self._spill_file(object_id))
@@ -664,7 +668,7 @@ class ObjectManager:
         if self.creating:  # restored, it can be spilled again
             self._retry_creations()
 
-    def _delete(self, object_id: bytes) -> None:
+    def _delete(self, object_id: ObjectID) -> None:
         primary = self.copy_of.pop(object_id, None) is None
         self.table.deleted(object_id, primary)
         for path in (self._segment(object_id), self._spill_file(object_id)):
@@ -736,5 +740,5 @@ class ObjectManager:
             log.info("could not remove %d object record(s) at shutdown: %s", len(mine), exc)
 
 
-def _owner_died(owner: bytes) -> str:
+def _owner_died(owner: ClientID) -> str:
     return f"its owner {owner.hex()} died before the value existed"

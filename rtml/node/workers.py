@@ -27,14 +27,15 @@ from typing import Any
 
 from rtml.config import ZYGOTE_REAP, WorkerConfig
 from rtml.exceptions import RtmlSystemError
+from rtml.ids import NO_ACTOR, ActorID, WorkerID
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
 class WorkerProc:
-    worker_id: bytes
-    actor_id: bytes = b""
+    worker_id: WorkerID
+    actor_id: ActorID = NO_ACTOR
     pid: int = 0
     peer: Any = None
     address: str = ""  # unix socket (owners on this node)

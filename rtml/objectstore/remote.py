@@ -17,29 +17,31 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from rtml.ids import NodeID, ObjectID
+
 
 class RemoteHolds:
     """Local holders of remote-primary objects, grouped by the objects' primary node."""
 
     def __init__(self) -> None:
-        self._primary: dict[bytes, bytes] = {}  # object id -> primary node
-        self._holders: dict[bytes, set[bytes]] = {}  # object id -> local holders
-        self._held_by: dict[bytes, set[bytes]] = {}  # holder -> object ids
+        self._primary: dict[ObjectID, NodeID] = {}  # object id -> primary node
+        self._holders: dict[ObjectID, set[bytes]] = {}  # object id -> local holders
+        self._held_by: dict[bytes, set[ObjectID]] = {}  # holder -> object ids
 
     def __len__(self) -> int:
         """Objects held here for local holders."""
         return len(self._holders)
 
-    def holds(self, object_id: bytes, holder: bytes) -> bool:
+    def holds(self, object_id: ObjectID, holder: bytes) -> bool:
         return holder in self._holders.get(object_id, ())
 
-    def primary_of(self, object_id: bytes) -> bytes | None:
+    def primary_of(self, object_id: ObjectID) -> NodeID | None:
         return self._primary.get(object_id)
 
-    def add(self, object_ids: Iterable[bytes], holder: bytes,
-            node_id: bytes) -> dict[bytes, list[bytes]]:
+    def add(self, object_ids: Iterable[ObjectID], holder: bytes,
+            node_id: NodeID) -> dict[NodeID, list[ObjectID]]:
         """``holder`` holds each object (primary on ``node_id``); returns the first holds."""
-        first: list[bytes] = []
+        first: list[ObjectID] = []
         for object_id in object_ids:
             holders = self._holders.get(object_id)
             if holders is None:
@@ -50,9 +52,10 @@ class RemoteHolds:
             self._held_by.setdefault(holder, set()).add(object_id)
         return {node_id: first} if first else {}
 
-    def release(self, object_ids: Iterable[bytes], holder: bytes) -> dict[bytes, list[bytes]]:
+    def release(self, object_ids: Iterable[ObjectID], holder: bytes
+                ) -> dict[NodeID, list[ObjectID]]:
         """``holder`` drops each object; returns, per primary node, those no longer held."""
-        last: dict[bytes, list[bytes]] = {}
+        last: dict[NodeID, list[ObjectID]] = {}
         held = self._held_by.get(holder, set())
         for object_id in object_ids:
             holders = self._holders.get(object_id)
@@ -67,15 +70,15 @@ class RemoteHolds:
             self._held_by.pop(holder, None)
         return last
 
-    def release_holder(self, holder: bytes) -> dict[bytes, list[bytes]]:
+    def release_holder(self, holder: bytes) -> dict[NodeID, list[ObjectID]]:
         """Drop every hold of ``holder`` (a client that left, a freed container)."""
         return self.release(list(self._held_by.get(holder, ())), holder)
 
-    def node_died(self, node_id: bytes) -> dict[bytes, set[bytes]]:
+    def node_died(self, node_id: NodeID) -> dict[ObjectID, set[bytes]]:
         """Forget the objects whose primary was on ``node_id``; returns their local holders,
         by object id."""
         gone = [oid for oid, primary in self._primary.items() if primary == node_id]
-        holders_of: dict[bytes, set[bytes]] = {}
+        holders_of: dict[ObjectID, set[bytes]] = {}
         for object_id in gone:
             del self._primary[object_id]
             holders = holders_of[object_id] = self._holders.pop(object_id, set())

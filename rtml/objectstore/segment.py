@@ -45,6 +45,7 @@ from typing import Any
 import msgspec
 
 from rtml.exceptions import ObjectLostError
+from rtml.ids import ObjectID
 from rtml.objectstore.private import open_private
 
 __all__ = ["copy_file", "existing_size", "read_segment", "segment_path", "spill_path",
@@ -68,7 +69,7 @@ _encode_meta = msgspec.msgpack.Encoder().encode
 _decode_meta = msgspec.msgpack.Decoder(_Meta).decode
 
 
-def segment_path(store_dir: str, object_id: bytes) -> str:
+def segment_path(store_dir: str, object_id: ObjectID) -> str:
     """The path of ``object_id`` in the store directory ``store_dir``."""
     return f"{store_dir}/{object_id.hex()}"
 
@@ -84,7 +85,7 @@ def existing_size(path: str) -> int:
         os.close(fd)
 
 
-def spill_path(spill_dir: str, object_id: bytes) -> str:
+def spill_path(spill_dir: str, object_id: ObjectID) -> str:
     """The path of ``object_id`` once spilled to disk under ``spill_dir``."""
     return os.path.join(spill_dir, f"rtml-{object_id.hex()}")
 

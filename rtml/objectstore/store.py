@@ -43,6 +43,8 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from rtml.ids import NO_OBJECT, ClientID, ObjectID
+
 __all__ = [
     "RESTORING",
     "SEALED",
@@ -68,7 +70,7 @@ RESTORING = "RESTORING"
 class Spill:
     """Copy the object's segment to the spill directory, then unlink the segment."""
 
-    object_id: bytes
+    object_id: ObjectID
     size: int
 
 
@@ -76,7 +78,7 @@ class Spill:
 class Restore:
     """Copy the object back from the spill directory into shm; then call ``restored``."""
 
-    object_id: bytes
+    object_id: ObjectID
     size: int
 
 
@@ -87,7 +89,7 @@ class Delete:
     A file that is already gone counts as deleted.
     """
 
-    object_id: bytes
+    object_id: ObjectID
     spilled: bool
 
 
@@ -95,7 +97,7 @@ class Delete:
 class NotifyReady:
     """Tell each waiter that the object is in shm and can be mapped."""
 
-    object_id: bytes
+    object_id: ObjectID
     waiter_ids: tuple[int, ...]
 
 
@@ -103,7 +105,7 @@ class NotifyReady:
 class NotifyLost:
     """Tell each waiter that the object cannot be served, and why."""
 
-    object_id: bytes
+    object_id: ObjectID
     waiter_ids: tuple[int, ...]
     reason: str
 
@@ -128,30 +130,31 @@ class StoreCore:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._used = 0
-        self._entries: dict[bytes, _Entry] = {}
-        self._lru: OrderedDict[bytes, None] = OrderedDict()  # SEALED only, oldest first
-        self._held_by: dict[bytes, set[bytes]] = {}  # holder -> object ids
-        self._waiting: dict[int, set[bytes]] = {}  # waiter id -> object ids
-        self._candidates: dict[bytes, None] = {}  # ordered set of deletion candidates
-        self._reserved: dict[bytes, tuple[int, bytes]] = {}  # being created -> (bytes, creator)
-        self._released_early: OrderedDict[tuple[bytes, bytes], None] = OrderedDict()
+        self._entries: dict[ObjectID, _Entry] = {}
+        self._lru: OrderedDict[ObjectID, None] = OrderedDict()  # SEALED only, oldest first
+        self._held_by: dict[bytes, set[ObjectID]] = {}  # holder -> object ids
+        self._waiting: dict[int, set[ObjectID]] = {}  # waiter id -> object ids
+        self._candidates: dict[ObjectID, None] = {}  # ordered set of deletion candidates
+        # being created -> (bytes, creator)
+        self._reserved: dict[ObjectID, tuple[int, ClientID]] = {}
+        self._released_early: OrderedDict[tuple[ObjectID, bytes], None] = OrderedDict()
         """(object, holder) released before the seal naming that holder arrived: the seal
         must not hold it for them (a seal and a release come on different connections)."""
         self._tick = itertools.count(1)
 
     # ---- queries -------------------------------------------------------------
 
-    def contains(self, object_id: bytes) -> bool:
+    def contains(self, object_id: ObjectID) -> bool:
         """Whether the object has been sealed and not deleted (in shm or on disk)."""
         entry = self._entries.get(object_id)
         return entry is not None and entry.state is not None
 
-    def state(self, object_id: bytes) -> str | None:
+    def state(self, object_id: ObjectID) -> str | None:
         """``SEALED``, ``SPILLED``, ``RESTORING``, or None if unknown or not yet sealed."""
         entry = self._entries.get(object_id)
         return entry.state if entry is not None else None
 
-    def waiting_on(self, object_id: bytes) -> bool:
+    def waiting_on(self, object_id: ObjectID) -> bool:
         """Whether someone waits for the object to appear here."""
         entry = self._entries.get(object_id)
         return entry is not None and bool(entry.waiters)
@@ -177,7 +180,7 @@ class StoreCore:
 
     # ---- sealing and access --------------------------------------------------
 
-    def seal(self, object_id: bytes, size: int, holder: bytes) -> list[Command]:
+    def seal(self, object_id: ObjectID, size: int, holder: bytes) -> list[Command]:
         """Record a sealed object held by ``holder``; wake its waiters; spill LRU if full.
 
         Holds added before the seal are kept. Sealing an id that is already
@@ -217,9 +220,9 @@ class StoreCore:
     def make_room(self, size: int) -> list[Command]:
         """Spill least-recently-used objects until ``size`` more bytes fit (as far as
         spilling can), for an object about to be created; then :meth:`reserve`."""
-        return self._make_room(size, exclude=b"")
+        return self._make_room(size, exclude=NO_OBJECT)
 
-    def reserve(self, object_id: bytes, size: int, creator: bytes) -> bool:
+    def reserve(self, object_id: ObjectID, size: int, creator: ClientID) -> bool:
         """Reserve ``size`` bytes for ``object_id``, about to be created by ``creator``:
         True if they fit now (counted as used until its seal, or :meth:`unreserve`)."""
         if object_id in self._reserved or self.contains(object_id):
@@ -230,7 +233,7 @@ class StoreCore:
         self._used += size
         return True
 
-    def unreserve(self, creator: bytes) -> list[bytes]:
+    def unreserve(self, creator: ClientID) -> list[ObjectID]:
         """``creator`` left: the room it reserved for objects it never sealed is free;
         returns their ids (the shell removes what it wrote of them)."""
         ids = [oid for oid, (_, c) in self._reserved.items() if c == creator]
@@ -238,7 +241,7 @@ class StoreCore:
             self._used -= self._reserved.pop(object_id)[0]
         return ids
 
-    def spill_failed(self, object_id: bytes) -> None:
+    def spill_failed(self, object_id: ObjectID) -> None:
         """The shell could not carry out a ``Spill``: the object stays in shared memory
         (its bytes count again; it is spilled last from now on)."""
         entry = self._entries.get(object_id)
@@ -247,7 +250,7 @@ class StoreCore:
             self._used += entry.size
             self.touch(object_id)
 
-    def touch(self, object_id: bytes) -> None:
+    def touch(self, object_id: ObjectID) -> None:
         """Mark the object as just used, so it is spilled last."""
         entry = self._entries.get(object_id)
         if entry is None or entry.state is None:
@@ -257,7 +260,7 @@ class StoreCore:
             self._lru[object_id] = None
             self._lru.move_to_end(object_id)
 
-    def spilled(self, object_id: bytes) -> None:
+    def spilled(self, object_id: ObjectID) -> None:
         """The shell confirms the object now lives only on disk.
 
         After a ``Spill`` command this is a no-op (accounting was done when the
@@ -269,7 +272,7 @@ class StoreCore:
 
     # ---- waiting -------------------------------------------------------------
 
-    def wait(self, object_id: bytes, waiter_id: int) -> list[Command]:
+    def wait(self, object_id: ObjectID, waiter_id: int) -> list[Command]:
         """Ask to be told when the object is in shm.
 
         SEALED: ready now. SPILLED: room is made and a ``Restore`` issued; the
@@ -287,7 +290,7 @@ class StoreCore:
             return self._restore(object_id, entry)
         return []
 
-    def restored(self, object_id: bytes) -> list[Command]:
+    def restored(self, object_id: ObjectID) -> list[Command]:
         """The shell finished a ``Restore``: the object is SEALED again; wake its waiters."""
         entry = self._entries.get(object_id)
         if entry is None or entry.state != RESTORING:
@@ -304,7 +307,7 @@ class StoreCore:
                 entry.waiters.pop(waiter_id, None)
                 self._drop_if_unused_placeholder(object_id, entry)
 
-    def lost(self, object_id: bytes, reason: str) -> list[Command]:
+    def lost(self, object_id: ObjectID, reason: str) -> list[Command]:
         """The shell could not read, spill or restore the object: forget it.
 
         Returns ``NotifyLost`` for its waiters and a ``Delete`` so that any
@@ -320,7 +323,7 @@ class StoreCore:
         self._release_holder_into_candidates(object_id)
         return commands
 
-    def fail_waiters(self, object_id: bytes, reason: str) -> list[Command]:
+    def fail_waiters(self, object_id: ObjectID, reason: str) -> list[Command]:
         """The object cannot be obtained here (its pull failed): tell its waiters why.
 
         Only for an object not sealed here; its holds are kept.
@@ -334,7 +337,7 @@ class StoreCore:
 
     # ---- holds and deletion --------------------------------------------------
 
-    def add_holds(self, object_ids: Iterable[bytes], holder: bytes) -> list[Command]:
+    def add_holds(self, object_ids: Iterable[ObjectID], holder: bytes) -> list[Command]:
         """``holder`` references each object; unsealed ones get a placeholder. Returns []."""
         for object_id in object_ids:
             entry = self._entries.setdefault(object_id, _Entry())
@@ -342,7 +345,7 @@ class StoreCore:
             self._released_early.pop((object_id, holder), None)  # held again, seal or not
         return []
 
-    def take_holds(self, object_id: bytes) -> set[bytes]:
+    def take_holds(self, object_id: ObjectID) -> set[bytes]:
         """The holders of an object not sealed here, which stop holding it here: its primary
         copy turned out to live on another node, where they hold it now. Its waiters stay."""
         entry = self._entries.get(object_id)
@@ -353,7 +356,7 @@ class StoreCore:
             self._unhold(object_id, holder)
         return holders
 
-    def release_holds(self, object_ids: Iterable[bytes], holder: bytes) -> list[Command]:
+    def release_holds(self, object_ids: Iterable[ObjectID], holder: bytes) -> list[Command]:
         """``holder`` drops each object. A hold on an object not sealed here yet is taken as
         released early: a later seal naming that holder does not hold it. Other unknown
         holds are ignored. Returns [] (see collect)."""
@@ -372,7 +375,7 @@ class StoreCore:
         A RESTORING object stays a candidate until ``restored``.
         """
         commands: list[Command] = []
-        deferred: list[bytes] = []
+        deferred: list[ObjectID] = []
         while self._candidates:
             object_id = next(iter(self._candidates))
             del self._candidates[object_id]
@@ -389,11 +392,11 @@ class StoreCore:
 
     # ---- internals -----------------------------------------------------------
 
-    def _hold(self, object_id: bytes, entry: _Entry, holder: bytes) -> None:
+    def _hold(self, object_id: ObjectID, entry: _Entry, holder: bytes) -> None:
         entry.holders.add(holder)
         self._held_by.setdefault(holder, set()).add(object_id)
 
-    def _unhold(self, object_id: bytes, holder: bytes) -> None:
+    def _unhold(self, object_id: ObjectID, holder: bytes) -> None:
         entry = self._entries.get(object_id)
         if entry is None or holder not in entry.holders:
             if entry is None or entry.state is None:  # the seal naming it may be on its way
@@ -417,11 +420,11 @@ class StoreCore:
         for object_id in list(self._held_by.get(holder, ())):
             self._unhold(object_id, holder)
 
-    def _drop_if_unused_placeholder(self, object_id: bytes, entry: _Entry) -> None:
+    def _drop_if_unused_placeholder(self, object_id: ObjectID, entry: _Entry) -> None:
         if entry.state is None and not entry.holders and not entry.waiters:
             del self._entries[object_id]
 
-    def _delete(self, object_id: bytes, entry: _Entry) -> Delete:
+    def _delete(self, object_id: ObjectID, entry: _Entry) -> Delete:
         """Remove the entry and return the command that unlinks its file."""
         del self._entries[object_id]
         self._candidates.pop(object_id, None)
@@ -435,7 +438,7 @@ class StoreCore:
         self._forget_waiters(object_id, entry)
         return Delete(object_id, spilled=entry.state in (SPILLED, RESTORING))
 
-    def _forget_waiters(self, object_id: bytes, entry: _Entry) -> tuple[int, ...]:
+    def _forget_waiters(self, object_id: ObjectID, entry: _Entry) -> tuple[int, ...]:
         waiters = tuple(entry.waiters)
         entry.waiters.clear()
         for waiter_id in waiters:
@@ -446,18 +449,18 @@ class StoreCore:
                     del self._waiting[waiter_id]
         return waiters
 
-    def _wake(self, object_id: bytes, entry: _Entry) -> list[Command]:
+    def _wake(self, object_id: ObjectID, entry: _Entry) -> list[Command]:
         waiters = self._forget_waiters(object_id, entry)
         return [NotifyReady(object_id, waiters)] if waiters else []
 
-    def _restore(self, object_id: bytes, entry: _Entry) -> list[Command]:
+    def _restore(self, object_id: ObjectID, entry: _Entry) -> list[Command]:
         commands = self._make_room(entry.size, exclude=object_id)
         entry.state = RESTORING
         self._used += entry.size
         commands.append(Restore(object_id, entry.size))
         return commands
 
-    def _make_room(self, incoming: int, exclude: bytes) -> list[Command]:
+    def _make_room(self, incoming: int, exclude: ObjectID) -> list[Command]:
         """Spill least-recently-used SEALED objects until ``incoming`` more bytes fit."""
         commands: list[Command] = []
         victims = iter(list(self._lru))
@@ -472,7 +475,7 @@ class StoreCore:
             commands.append(Spill(victim, entry.size))
         return commands
 
-    def _mark_spilled(self, object_id: bytes, entry: _Entry) -> None:
+    def _mark_spilled(self, object_id: ObjectID, entry: _Entry) -> None:
         entry.state = SPILLED
         self._used -= entry.size
         self._lru.pop(object_id, None)

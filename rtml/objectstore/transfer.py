@@ -71,6 +71,7 @@ from typing import Any, NamedTuple, NoReturn
 import grpc
 
 from rtml.exceptions import ObjectLostError, RtmlSystemError
+from rtml.ids import NO_NODE, NodeID, ObjectID
 from rtml.objectstore.private import open_private
 from rtml.objectstore.segment import existing_size, pwrite_all, unlink_quietly
 from rtml.objectstore.transfer_stream import (
@@ -106,8 +107,8 @@ _OPTIONS = [
 ]
 _SERVICE = transfer_pb2.DESCRIPTOR.services_by_name["ObjectTransfer"].full_name
 
-Locate = Callable[[bytes], str | None]
-OnServed = Callable[[bytes, bytes], None]
+Locate = Callable[[ObjectID], str | None]
+OnServed = Callable[[ObjectID, NodeID], None]
 
 
 # -- holder: the gRPC service ----------------------------------------------------------------------
@@ -200,7 +201,7 @@ class TransferServer:
         (this server is stopping, or ``MAX_TICKETS`` are pending).
         """
         self._authenticate(context)
-        fd = self._open(request.object_id, context)
+        fd = self._open(ObjectID(request.object_id), context)
         try:
             size = os.fstat(fd).st_size
             ticket = b""
@@ -218,8 +219,8 @@ class TransferServer:
                context: Any) -> bytes:
         """A ticket that owns ``fd`` from now on; aborts with UNAVAILABLE (fd still the
         caller's) if none can be issued."""
-        ticket = self._tickets.issue(Ticket(fd, size, request.object_id,
-                                             request.requester_node,
+        ticket = self._tickets.issue(Ticket(fd, size, ObjectID(request.object_id),
+                                             NodeID(request.requester_node),
                                              time.monotonic() + self.ticket_ttl))
         if ticket is None:
             _abort(context, grpc.StatusCode.UNAVAILABLE,
@@ -239,7 +240,7 @@ class TransferServer:
                    f"protocol version {version}, this node ({self.address}) speaks "
                    f"{PROTOCOL_VERSION}; run the same rtml version on every node")
 
-    def _open(self, object_id: bytes, context: Any) -> int:
+    def _open(self, object_id: ObjectID, context: Any) -> int:
         """Open the object's file; a second ``locate`` covers a spill racing the first."""
         for _attempt in range(2):
             path = self._locate(object_id)
@@ -261,7 +262,7 @@ class TransferServer:
         The file is opened on the first ``next`` (inside the generator), so a call cancelled
         before that leaks no descriptor.
         """
-        fd = self._open(request.object_id, context)
+        fd = self._open(ObjectID(request.object_id), context)
         try:
             total = os.fstat(fd).st_size
             buffer = memoryview(bytearray(min(CHUNK_BYTES, total)))  # reused: no page faults
@@ -280,9 +281,9 @@ class TransferServer:
                     break
         finally:
             os.close(fd)
-        self._served(request.object_id, request.requester_node)
+        self._served(ObjectID(request.object_id), NodeID(request.requester_node))
 
-    def _served(self, object_id: bytes, requester_node: bytes) -> None:
+    def _served(self, object_id: ObjectID, requester_node: NodeID) -> None:
         if self._on_served is None:
             return
         try:
@@ -355,8 +356,8 @@ def call_metadata(token: str) -> tuple[tuple[str, str], ...]:
 # -- puller ----------------------------------------------------------------------------------------
 
 
-def pull(address: str, token: str, object_id: bytes, dest_path: str,
-         requester_node: bytes = b"", timeout: float = 60.0) -> int:
+def pull(address: str, token: str, object_id: ObjectID, dest_path: str,
+         requester_node: NodeID = NO_NODE, timeout: float = 60.0) -> int:
     """Copy object ``object_id`` from the node serving at ``address`` to ``dest_path``.
 
     Returns the object's size in bytes. ``dest_path`` appears complete or not at all; if it

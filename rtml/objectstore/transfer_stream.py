@@ -61,6 +61,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from rtml.exceptions import RtmlSystemError
+from rtml.ids import NodeID, ObjectID
 from rtml.rpc.admission import Admissions, RefusalLog
 from rtml.rpc.protos import transfer_pb2
 
@@ -77,7 +78,7 @@ closes the oldest, so idle connections cannot keep a puller out)."""
 _SEND_STALL_SECONDS = 60.0  # a puller that reads nothing for this long is dropped
 _PIPE_BYTES = 1024 * 1024  # the puller's splice pipe (the unprivileged maximum)
 
-OnSent = Callable[[bytes, bytes], None]  # (object_id, requester_node)
+OnSent = Callable[[ObjectID, NodeID], None]  # (object_id, requester_node)
 
 
 # -- holder: side-stream tickets (no I/O but closing descriptors) ---------------------------------
@@ -88,8 +89,8 @@ class Ticket(NamedTuple):
 
     fd: int
     size: int
-    object_id: bytes
-    requester_node: bytes
+    object_id: ObjectID
+    requester_node: NodeID
     expires: float  # time.monotonic()
 
 

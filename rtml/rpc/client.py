@@ -22,6 +22,7 @@ import time
 from typing import Any, TypeVar
 
 from rtml.exceptions import ProtocolError
+from rtml.ids import NO_NODE, UNKNOWN_JOB, ClientID, JobID, NodeID
 from rtml.rpc import messages as m
 from rtml.rpc.auth import HELLO_MAX_FRAME, answer, challenge_of, check_reply
 from rtml.rpc.framing import MAX_FRAME, FrameDecoder, frame
@@ -29,8 +30,8 @@ from rtml.rpc.framing import MAX_FRAME, FrameDecoder, frame
 R = TypeVar("R", bound=m.Msg)
 
 
-def make_hello(role: str, client_id: bytes, job_id: bytes = b"",
-               sys_paths: list[str] | None = None, node_id: bytes = b"") -> m.Hello:
+def make_hello(role: str, client_id: ClientID, job_id: JobID = UNKNOWN_JOB,
+               sys_paths: list[str] | None = None, node_id: NodeID = NO_NODE) -> m.Hello:
     """Who connects; ``handshake`` adds the nonce and proof for each connection."""
     return m.Hello(version=m.PROTOCOL_VERSION, role=role, client_id=client_id,
                    pid=os.getpid(), job_id=job_id, sys_paths=sys_paths or [], node_id=node_id)

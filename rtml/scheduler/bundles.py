@@ -13,6 +13,7 @@ node where possible, soft), STRICT_PACK (one node), STRICT_SPREAD (a node per bu
 
 from __future__ import annotations
 
+from rtml.ids import NodeID
 from rtml.scheduler.resources import Shape, fits, subtract
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -65,8 +66,8 @@ def check_bundles(bundles: object) -> str:
     return ""
 
 
-def place(bundles: list[Shape], strategy: str, nodes: dict[bytes, Shape]
-          ) -> list[bytes] | None:
+def place(bundles: list[Shape], strategy: str, nodes: dict[NodeID, Shape]
+          ) -> list[NodeID] | None:
     """A node for each bundle, from ``nodes`` (what each has available), or None if the
     strategy cannot be met now."""
     room = {node_id: dict(available) for node_id, available in nodes.items()}
@@ -79,7 +80,7 @@ def place(bundles: list[Shape], strategy: str, nodes: dict[bytes, Shape]
     return _distinct(bundles, room) or _fill(bundles, room, spread=True)
 
 
-def _one_node(bundles: list[Shape], room: dict[bytes, Shape]) -> list[bytes] | None:
+def _one_node(bundles: list[Shape], room: dict[NodeID, Shape]) -> list[NodeID] | None:
     total: Shape = {}
     for bundle in bundles:
         for name, amount in bundle.items():
@@ -90,10 +91,10 @@ def _one_node(bundles: list[Shape], room: dict[bytes, Shape]) -> list[bytes] | N
     return None
 
 
-def _distinct(bundles: list[Shape], room: dict[bytes, Shape]) -> list[bytes] | None:
+def _distinct(bundles: list[Shape], room: dict[NodeID, Shape]) -> list[NodeID] | None:
     """A different node for each bundle (the largest bundles choose first)."""
     order = sorted(range(len(bundles)), key=lambda i: -sum(bundles[i].values()))
-    chosen: dict[int, bytes] = {}
+    chosen: dict[int, NodeID] = {}
     for i in order:
         free = [(n, a) for n, a in _roomiest(room) if n not in chosen.values()
                 and fits(bundles[i], a)]
@@ -103,11 +104,12 @@ def _distinct(bundles: list[Shape], room: dict[bytes, Shape]) -> list[bytes] | N
     return [chosen[i] for i in range(len(bundles))]
 
 
-def _fill(bundles: list[Shape], room: dict[bytes, Shape], spread: bool) -> list[bytes] | None:
+def _fill(bundles: list[Shape], room: dict[NodeID, Shape], spread: bool
+          ) -> list[NodeID] | None:
     """Each bundle on a node with room: the one last used while it fits (PACK), or the
     roomiest each time (SPREAD)."""
     room = {n: dict(a) for n, a in room.items()}
-    chosen: list[bytes] = []
+    chosen: list[NodeID] = []
     for bundle in bundles:
         last = chosen[-1] if chosen and not spread else None
         if last is not None and fits(bundle, room[last]):
@@ -122,5 +124,5 @@ def _fill(bundles: list[Shape], room: dict[bytes, Shape], spread: bool) -> list[
     return chosen
 
 
-def _roomiest(room: dict[bytes, Shape]) -> list[tuple[bytes, Shape]]:
+def _roomiest(room: dict[NodeID, Shape]) -> list[tuple[NodeID, Shape]]:
     return sorted(room.items(), key=lambda item: -item[1].get("CPU", 0.0))

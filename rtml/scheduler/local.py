@@ -29,6 +29,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from rtml.ids import NO_ACTOR, ActorID, WorkerID
 from rtml.scheduler.bundles import bundle_resources
 from rtml.scheduler.resources import Shape, add, fits, subtract
 
@@ -41,32 +42,32 @@ class Grant:
     client: Any
     req_id: int
     lease_id: int
-    worker_id: bytes
+    worker_id: WorkerID
     gpu_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
 class StartWorker:
-    actor_id: bytes = b""
+    actor_id: ActorID = NO_ACTOR
     runtime_env: str = ""  # start it set up for this env ("" a pool worker)
 
 
 @dataclass(frozen=True)
 class StopWorker:
-    worker_id: bytes
+    worker_id: WorkerID
 
 
 @dataclass(frozen=True)
 class StartActor:
     """An actor has its resources; start its dedicated worker."""
-    actor_id: bytes
+    actor_id: ActorID
     gpu_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
 class StopActor:
     """Its placement group was removed: the actor's worker is stopped."""
-    actor_id: bytes
+    actor_id: ActorID
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,7 @@ class LeaseRequest:
     client: Any
     req_id: int
     shape: Shape
-    requester: bytes = b""  # the worker asking (for the tasks its task submits), if one
+    requester: WorkerID | None = None  # the worker asking (for the tasks its task submits), if one
     runtime_env: str = ""  # granted only to a worker of this env
 
 
@@ -98,7 +99,7 @@ class LeaseRequest:
 class Lease:
     lease_id: int
     client: Any
-    worker_id: bytes
+    worker_id: WorkerID
     shape: Shape
     blocked: bool = False
     gpu_ids: tuple[int, ...] = ()
@@ -106,7 +107,7 @@ class Lease:
 
 @dataclass
 class PendingActor:
-    actor_id: bytes
+    actor_id: ActorID
     place_shape: Shape
     hold_shape: Shape
 
@@ -118,18 +119,18 @@ class LocalScheduler:
     total: Shape
     pool_size: int
     available: Shape = field(init=False)
-    idle: deque[bytes] = field(default_factory=deque)
+    idle: deque[WorkerID] = field(default_factory=deque)
     starting: int = 0
     pending: deque[LeaseRequest] = field(default_factory=deque)
     leases: dict[int, Lease] = field(default_factory=dict)
-    lease_of_worker: dict[bytes, int] = field(default_factory=dict)
+    lease_of_worker: dict[WorkerID, int] = field(default_factory=dict)
     actors_pending: deque[PendingActor] = field(default_factory=deque)
-    actor_shapes: dict[bytes, Shape] = field(default_factory=dict)
-    idle_ticks: dict[bytes, int] = field(default_factory=dict)
+    actor_shapes: dict[ActorID, Shape] = field(default_factory=dict)
+    idle_ticks: dict[WorkerID, int] = field(default_factory=dict)
     free_gpus: list[int] = field(init=False)
-    actor_gpus: dict[bytes, tuple[int, ...]] = field(default_factory=dict)
-    gpu_worker: dict[bytes, bool] = field(default_factory=dict)  # by its first lease's kind
-    worker_env: dict[bytes, str] = field(default_factory=dict)  # of workers with a runtime env
+    actor_gpus: dict[ActorID, tuple[int, ...]] = field(default_factory=dict)
+    gpu_worker: dict[WorkerID, bool] = field(default_factory=dict)  # by its first lease's kind
+    worker_env: dict[WorkerID, str] = field(default_factory=dict)  # of workers with a runtime env
     env_starting: dict[str, int] = field(default_factory=dict)  # their workers starting
     bundles: dict[str, Bundles] = field(default_factory=dict)  # by placement group (hex)
     total_changes: int = 0  # bundles committed or released: the head is sent the new total
@@ -145,7 +146,7 @@ class LocalScheduler:
         return fits(shape, self.total)
 
     def request_lease(self, client: Any, req_id: int, shape: Shape,
-                      requester: bytes = b"", runtime_env: str = "") -> list[Any]:
+                      requester: WorkerID | None = None, runtime_env: str = "") -> list[Any]:
         """``requester``: the worker asking, which is never granted to itself (it would
         have to connect to itself, from the thread that serves its connections).
         ``runtime_env``: granted only to a worker started for it."""
@@ -159,7 +160,7 @@ class LocalScheduler:
                              if not (r.client is client and r.req_id == req_id))
         return len(self.pending) < before
 
-    def worker_ready(self, worker_id: bytes, runtime_env: str = "") -> list[Any]:
+    def worker_ready(self, worker_id: WorkerID, runtime_env: str = "") -> list[Any]:
         """A worker (started for ``runtime_env``, if one) is ready for leases."""
         self._started(runtime_env)
         if runtime_env:
@@ -175,7 +176,7 @@ class LocalScheduler:
         self.idle.append(lease.worker_id)
         return self.dispatch()
 
-    def worker_blocked(self, worker_id: bytes) -> list[Any]:
+    def worker_blocked(self, worker_id: WorkerID) -> list[Any]:
         lease = self._lease_of(worker_id)
         if lease is None or lease.blocked:
             return []
@@ -183,7 +184,7 @@ class LocalScheduler:
         add(self.available, {CPU: lease.shape.get(CPU, 0.0)})
         return self.dispatch()
 
-    def worker_unblocked(self, worker_id: bytes) -> list[Any]:
+    def worker_unblocked(self, worker_id: WorkerID) -> list[Any]:
         lease = self._lease_of(worker_id)
         if lease is None or not lease.blocked:
             return []
@@ -191,7 +192,7 @@ class LocalScheduler:
         subtract(self.available, {CPU: lease.shape.get(CPU, 0.0)})
         return []
 
-    def worker_died(self, worker_id: bytes, was_starting: bool = False,
+    def worker_died(self, worker_id: WorkerID, was_starting: bool = False,
                     runtime_env: str = "") -> list[Any]:
         """A pool worker (or one of ``runtime_env``) exited (``was_starting``: before it
         was ready): free its lease."""
@@ -219,11 +220,11 @@ class LocalScheduler:
 
     # -- actors ------------------------------------------------------------------------------
 
-    def place_actor(self, actor_id: bytes, place_shape: Shape, hold_shape: Shape) -> list[Any]:
+    def place_actor(self, actor_id: ActorID, place_shape: Shape, hold_shape: Shape) -> list[Any]:
         self.actors_pending.append(PendingActor(actor_id, place_shape, hold_shape))
         return self.dispatch()
 
-    def actor_gone(self, actor_id: bytes) -> list[Any]:
+    def actor_gone(self, actor_id: ActorID) -> list[Any]:
         self.actors_pending = deque(a for a in self.actors_pending if a.actor_id != actor_id)
         shape = self.actor_shapes.pop(actor_id, None)
         if shape is not None:
@@ -345,7 +346,7 @@ class LocalScheduler:
         self.starting += max(0, missing)
         return [StartWorker() for _ in range(missing)]
 
-    def reap_idle(self, ticks: int) -> list[bytes]:
+    def reap_idle(self, ticks: int) -> list[WorkerID]:
         """Called once per tick: idle workers beyond the pool size, idle ``ticks`` ticks.
 
         The returned workers leave the pool; the caller stops their processes.
@@ -365,7 +366,8 @@ class LocalScheduler:
     def pending_shapes(self) -> list[Shape]:
         return [r.shape for r in self.pending] + [a.place_shape for a in self.actors_pending]
 
-    def _idle_worker(self, requester: bytes, gpu: bool, env: str = "") -> bytes | None:
+    def _idle_worker(self, requester: WorkerID | None, gpu: bool, env: str = ""
+                     ) -> WorkerID | None:
         """An idle worker other than ``requester`` that has run only leases of this kind
         (GPU or not) and was started for ``env``, taken out of the idle pool; or None."""
         idle = self.idle
@@ -385,7 +387,7 @@ class LocalScheduler:
                 return worker_id
         return None
 
-    def _grant(self, request: LeaseRequest, worker_id: bytes) -> Grant:
+    def _grant(self, request: LeaseRequest, worker_id: WorkerID) -> Grant:
         lease = Lease(next(self._ids), request.client, worker_id, request.shape,
                       gpu_ids=self._take_gpus(request.shape))
         self.leases[lease.lease_id] = lease
@@ -413,6 +415,6 @@ class LocalScheduler:
             shape.pop(CPU, None)
         add(self.available, shape)
 
-    def _lease_of(self, worker_id: bytes) -> Lease | None:
+    def _lease_of(self, worker_id: WorkerID) -> Lease | None:
         lease_id = self.lease_of_worker.get(worker_id)
         return self.leases.get(lease_id) if lease_id is not None else None

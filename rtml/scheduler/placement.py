@@ -23,13 +23,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rtml.ids import NO_NODE, NodeID
 from rtml.scheduler.resources import Shape, fits, subtract
 from rtml.scheduler.strategy import SPREAD, parse_affinity
 
 
 @dataclass
 class NodeView:
-    node_id: bytes
+    node_id: NodeID
     address: str
     total: Shape
     available: Shape
@@ -39,18 +40,18 @@ class NodeView:
 
 @dataclass(frozen=True)
 class Request:
-    origin: bytes
+    origin: NodeID
     req_id: int
     shape: Shape
     strategy: str = ""
-    preferred: bytes = b""
+    preferred: NodeID = NO_NODE
     must_move: bool = False
 
 
 @dataclass(frozen=True)
 class Placed:
     request: Request
-    node_id: bytes
+    node_id: NodeID
     address: str
 
 
@@ -75,7 +76,7 @@ Decision = Placed | Failed | Pending | Parked
 
 @dataclass
 class GlobalScheduler:
-    nodes: dict[bytes, NodeView] = field(default_factory=dict)
+    nodes: dict[NodeID, NodeView] = field(default_factory=dict)
     pending: list[Request] = field(default_factory=list)  # infeasible or parked
     _spread_next: int = 0
 
@@ -85,7 +86,7 @@ class GlobalScheduler:
         self.nodes[node.node_id] = node
         return self.retry_pending()
 
-    def heartbeat(self, node_id: bytes, available: Shape, now: float,
+    def heartbeat(self, node_id: NodeID, available: Shape, now: float,
                   total: Shape | None = None) -> list[Decision]:
         """``total``: the node's resources, when they changed (placement group bundles)."""
         node = self.nodes.get(node_id)
@@ -96,14 +97,14 @@ class GlobalScheduler:
             node.total = dict(total)
         return self.retry_pending() if self.pending else []
 
-    def node_died(self, node_id: bytes) -> None:
+    def node_died(self, node_id: NodeID) -> None:
         """Mark a node dead and drop the requests it was waiting on (nobody will answer)."""
         node = self.nodes.get(node_id)
         if node is not None:
             node.alive = False
         self.pending = [r for r in self.pending if r.origin != node_id]
 
-    def withdraw(self, origin: bytes, req_id: int) -> None:
+    def withdraw(self, origin: NodeID, req_id: int) -> None:
         """The origin no longer needs a place for this request (it granted it itself)."""
         self.pending = [r for r in self.pending
                         if not (r.origin == origin and r.req_id == req_id)]
@@ -115,7 +116,7 @@ class GlobalScheduler:
             if node.alive:
                 node.last_heartbeat = now
 
-    def expired(self, now: float, timeout: float) -> list[bytes]:
+    def expired(self, now: float, timeout: float) -> list[NodeID]:
         """Alive nodes whose last heartbeat is older than ``timeout`` seconds."""
         return [n.node_id for n in self.nodes.values()
                 if n.alive and n.last_heartbeat and now - n.last_heartbeat > timeout]

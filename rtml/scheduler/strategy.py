@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+from rtml.ids import NodeID
+
 DEFAULT = ""
 SPREAD = "SPREAD"
 
@@ -17,9 +19,9 @@ def affinity(node_hex: str, soft: bool) -> str:
     return f"node:{node_hex}" + (":soft" if soft else "")
 
 
-def parse_affinity(strategy: str) -> tuple[bytes, bool] | None:
+def parse_affinity(strategy: str) -> tuple[NodeID, bool] | None:
     """``"node:<hex>[:soft]"`` -> (node id, soft); None for other strategies."""
     if not strategy.startswith("node:"):
         return None
     _, hex_id, *rest = strategy.split(":")
-    return bytes.fromhex(hex_id), rest == ["soft"]
+    return NodeID(bytes.fromhex(hex_id)), rest == ["soft"]

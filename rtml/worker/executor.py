@@ -42,7 +42,15 @@ from rtml.exceptions import (
     TaskCancelledError,
     TaskError,
 )
-from rtml.ids import TaskID, first_return_id, object_id_for
+from rtml.ids import (
+    NO_ACTOR,
+    NO_NODE,
+    UNKNOWN_JOB,
+    ObjectID,
+    TaskID,
+    first_return_id,
+    object_id_for,
+)
 from rtml.rpc import messages as m
 from rtml.rpc.reactor import Connection
 
@@ -83,14 +91,14 @@ class Executor:
         self.rt = rt
         self.pushed: dict[bytes, bytes] = {}  # functions owners sent, until first loaded
         self.current: bytes | None = None
-        self.current_job = b""  # whose task last ran here: its drivers get our output
-        self.cancelled: set[bytes] = set()
+        self.current_job = UNKNOWN_JOB  # whose task last ran here: its drivers get our output
+        self.cancelled: set[TaskID] = set()
         self.calls: dict[bytes, int] = {}  # runs by function, of those with max_calls
         context.set_cancelled(self.cancelled)  # what a task's is_canceled() reads
         self.instance: Any = None
         self.methods: dict[str, Any] = {}  # the actor's methods, bound on first call
         self.actor: m.ActorSpec | None = None
-        self.actor_id = b""  # this worker's actor, once constructed
+        self.actor_id = NO_ACTOR  # this worker's actor, once constructed
         self.push = self._run_and_reply
         """Runs or dispatches a call, by the kind of worker: inline (tasks, one-at-a-time
         actors), on the thread pool (threaded actors) or on the event loop (async actors)."""
@@ -100,7 +108,7 @@ class Executor:
         self._inbox_lock = threading.Lock()
         self._inbox_posted = False  # a _start_calls is on its way to the loop
         self._running_calls: set[asyncio.Task[None]] = set()  # the loop keeps only weak refs
-        self._cancellable: dict[bytes, asyncio.Task[None]] = {}  # by task id, until it ends
+        self._cancellable: dict[TaskID, asyncio.Task[None]] = {}  # by task id, until it ends
         self.semaphores: dict[str, asyncio.Semaphore] = {}  # by concurrency group ("")
         self.visible_gpus: Sequence[int] | None = None  # as last set; None: not set yet
         self.pid = os.getpid()  # for every result: getpid is a syscall each time
@@ -369,7 +377,7 @@ class Executor:
             index += 1
 
     def _send_item(self, spec: m.TaskSpec, index: int, item: Any, conn: Connection) -> None:
-        object_id = object_id_for(TaskID(spec.task_id), index + 2)
+        object_id = object_id_for(spec.task_id, index + 2)
         ret = self._store_return(spec, object_id, _serialize_return(spec, item))
         self.rt.refs.settle()  # as before a result: before the owner may release
         conn.send(m.GeneratorItem(spec.task_id, index, ret))
@@ -408,7 +416,7 @@ class Executor:
             if ret.contained:
                 self.rt.nm.send(m.ReleaseHolder(ret.object_id))
 
-    def _store_return(self, spec: m.TaskSpec, object_id: bytes,
+    def _store_return(self, spec: m.TaskSpec, object_id: ObjectID,
                       ser: Serialized) -> m.ReturnObject:
         if ser.contained:
             self.rt.refs.send_holds(m.AddHolds, [r.id for r in ser.contained], object_id)
@@ -421,7 +429,7 @@ class Executor:
     def _holder(self, spec: m.TaskSpec) -> bytes:
         """Who holds a return stored here: its owner, or the manager of the owner's node
         (which stands in for it, when it is on another node)."""
-        return spec.owner_id if spec.owner_node in (b"", self.rt.node_id) else spec.owner_node
+        return spec.owner_id if spec.owner_node in (NO_NODE, self.rt.node_id) else spec.owner_node
 
     def _exception_returns(self, spec: m.TaskSpec,
                            exc: BaseException) -> tuple[m.ReturnObject, ...]:
@@ -462,7 +470,7 @@ class Executor:
 
     # -- cancellation --------------------------------------------------------------------------
 
-    def cancel_call(self, task_id: bytes) -> None:
+    def cancel_call(self, task_id: TaskID) -> None:
         """An owner cancelled an actor call it had sent (on the I/O thread): skipped if it
         has not started; an async method running gets asyncio.CancelledError. A sync
         method running runs to completion, as in Ray."""
@@ -470,13 +478,13 @@ class Executor:
         if self.loop is not None:
             self.loop.call_soon_threadsafe(self._cancel_running_call, task_id)
 
-    def _cancel_running_call(self, task_id: bytes) -> None:
+    def _cancel_running_call(self, task_id: TaskID) -> None:
         task = self._cancellable.get(task_id)
         if task is not None:
             self.cancelled.discard(task_id)
             task.cancel()
 
-    def cancel(self, task_id: bytes) -> None:
+    def cancel(self, task_id: TaskID) -> None:
         """Called on the thread leading the I/O loop (the main thread itself while the task
         waits in get): interrupt ``task_id`` if running, else skip it later."""
         self.cancelled.add(task_id)
@@ -579,10 +587,10 @@ def _generator_of(spec: m.TaskSpec, items: Any) -> Any:
                     f"or leave num_returns at its default")
 
 
-def return_ids(spec: m.TaskSpec) -> list[bytes]:
+def return_ids(spec: m.TaskSpec) -> list[ObjectID]:
     if spec.num_returns == 1 or spec.num_returns == m.STREAMING:
         return [first_return_id(spec.task_id)]
-    task_id = TaskID(spec.task_id)
+    task_id = spec.task_id
     return [object_id_for(task_id, i + 1) for i in range(spec.num_returns)]
 
 

@@ -26,6 +26,20 @@ from typing import Final
 
 import msgspec
 
+from rtml.ids import (
+    NO_ACTOR,
+    NO_CLIENT,
+    NO_NODE,
+    NO_OBJECT,
+    UNKNOWN_JOB,
+    ActorID,
+    ClientID,
+    JobID,
+    NodeID,
+    ObjectID,
+    TaskID,
+)
+
 PROTOCOL_VERSION = 10
 
 STREAMING: Final = -1
@@ -46,11 +60,11 @@ class Challenge(Msg, tag=3):
 class Hello(Msg, tag=1):
     version: int
     role: str  # "driver" | "worker" | "node" | "cli"
-    client_id: bytes
+    client_id: ClientID
     pid: int
-    job_id: bytes = b""
+    job_id: JobID = UNKNOWN_JOB
     sys_paths: list[str] = []
-    node_id: bytes = b""  # the node the connecting process runs on
+    node_id: NodeID = NO_NODE  # the node the connecting process runs on
     nonce: bytes = b""  # the connecting side's, fresh for each connection
     proof: bytes = b""  # that it knows the token, for this Challenge and nonce
 
@@ -58,7 +72,7 @@ class Hello(Msg, tag=1):
 class HelloReply(Msg, tag=2):
     ok: bool
     error: str = ""
-    node_id: bytes = b""
+    node_id: NodeID = NO_NODE
     info: dict[str, str] = {}
     proof: bytes = b""  # that the listener knows the token too (empty on a refusal)
 
@@ -73,13 +87,13 @@ class Payload(msgspec.Struct, array_like=True, gc=False):
 class TaskArg(msgspec.Struct, array_like=True, gc=False):
     """One argument: an inline value, or an object id the worker resolves itself."""
     value: Payload | None = None
-    object_id: bytes = b""
-    node_id: bytes = b""  # where the object's primary copy lives
-    owner_id: bytes = b""  # set when the caller borrows it: it may not exist yet
+    object_id: ObjectID = NO_OBJECT
+    node_id: NodeID = NO_NODE  # where the object's primary copy lives
+    owner_id: ClientID = NO_CLIENT  # set when the caller borrows it: it may not exist yet
 
 
 class ReturnObject(msgspec.Struct, array_like=True, gc=False):
-    object_id: bytes
+    object_id: ObjectID
     value: Payload | None  # None: the value is in the node's shared-memory store
     size: int = 0
     is_error: bool = False
@@ -87,19 +101,19 @@ class ReturnObject(msgspec.Struct, array_like=True, gc=False):
 
 
 class TaskSpec(msgspec.Struct, array_like=True, gc=False):
-    task_id: bytes
-    job_id: bytes
+    task_id: TaskID
+    job_id: JobID
     name: str
     function_id: bytes  # hash of the exported function; empty for actor methods
     args: tuple[TaskArg, ...]
     kwarg_names: tuple[str, ...]
     num_returns: int
-    owner_id: bytes
-    actor_id: bytes = b""
+    owner_id: ClientID
+    actor_id: ActorID = NO_ACTOR
     method: str = ""
     attempt: int = 0
     gpu_ids: tuple[int, ...] = ()  # the GPUs of the lease it runs on (CUDA_VISIBLE_DEVICES)
-    owner_node: bytes = b""  # large results on another node are held there for this node
+    owner_node: NodeID = NO_NODE  # large results on another node are held there for this node
     resources: dict[str, float] | None = None  # its shape, unless the default 1 CPU
     concurrency_group: str = ""  # an actor call's ("": the actor's default group)
     max_calls: int = 0  # a task's: its worker exits after running its function this often
@@ -107,9 +121,9 @@ class TaskSpec(msgspec.Struct, array_like=True, gc=False):
 
 
 class ActorSpec(msgspec.Struct, array_like=True, gc=False):
-    actor_id: bytes
-    job_id: bytes
-    owner_id: bytes
+    actor_id: ActorID
+    job_id: JobID
+    owner_id: ClientID
     class_id: bytes
     class_name: str
     args: tuple[TaskArg, ...]
@@ -125,8 +139,8 @@ class ActorSpec(msgspec.Struct, array_like=True, gc=False):
     detached: bool = False
     sys_paths: list[str] = []
     strategy: str = ""  # as RequestLease.strategy
-    life_id: bytes = b""  # the object every handle holds (see ActorLives); "" if detached
-    owner_node: bytes = b""  # where the owner, and so the life object, is
+    life_id: ObjectID = NO_OBJECT  # the object every handle holds (see ActorLives); "" if detached
+    owner_node: NodeID = NO_NODE  # where the owner, and so the life object, is
     concurrency_groups: dict[str, int] = {}  # name -> calls at once (beside the default)
     capture_group: str = ""  # as TaskSpec's: for the tasks and actors its methods make
     runtime_env: str = ""  # its runtime env, resolved (rtml.core.runtime_env); "" none

@@ -20,6 +20,17 @@ from __future__ import annotations
 
 import msgspec
 
+from rtml.ids import (
+    NO_GROUP,
+    NO_NODE,
+    UNKNOWN_JOB,
+    ActorID,
+    JobID,
+    NodeID,
+    ObjectID,
+    PlacementGroupID,
+    WorkerID,
+)
 from rtml.rpc.protocols.base import ActorSpec, Msg
 
 
@@ -32,7 +43,7 @@ class HostedActor(msgspec.Struct, array_like=True, gc=False):
 
 
 class RegisterNode(Msg, tag=50):
-    node_id: bytes
+    node_id: NodeID
     address: str  # host:port of the node manager (TCP)
     unix_path: str
     resources: dict[str, float]
@@ -40,16 +51,16 @@ class RegisterNode(Msg, tag=50):
     transfer_address: str = ""  # gRPC object transfer; sent later by NodeTransferReady
     rejoin: bool = False  # the head it registered with went away; this one took over
     actors: list[HostedActor] = []  # on rejoin: every actor it runs or is starting
-    groups: list[bytes] = []  # on rejoin: the placement groups it holds bundles of
+    groups: list[PlacementGroupID] = []  # on rejoin: the placement groups it holds bundles of
 
 
 class NodeTransferReady(Msg, tag=64):
-    node_id: bytes
+    node_id: NodeID
     transfer_address: str
 
 
 class NodeEntry(msgspec.Struct, array_like=True, gc=False):
-    node_id: bytes
+    node_id: NodeID
     address: str
     transfer_address: str
     alive: bool
@@ -65,9 +76,9 @@ class NodeDied(Msg, tag=66):
 
     ``kept``: set by a node manager telling its clients, the objects whose primary was there
     and whose copy here is the primary now (nothing to rebuild for them)."""
-    node_id: bytes
+    node_id: NodeID
     reason: str
-    kept: list[bytes] = []
+    kept: list[ObjectID] = []
 
 
 class SpillLease(Msg, tag=67):
@@ -75,28 +86,28 @@ class SpillLease(Msg, tag=67):
     req_id: int
     shape: dict[str, float]
     strategy: str
-    preferred_node: bytes
+    preferred_node: NodeID
     must_move: bool  # the origin cannot ever run it (infeasible there, or pinned elsewhere)
 
 
 class LeasePlaced(Msg, tag=68):
     """The global scheduler's answer: a node (possibly the origin itself), or an error."""
     req_id: int
-    node_id: bytes
+    node_id: NodeID
     address: str
     error: str = ""
     infeasible: bool = False  # no node fits yet: an answer follows when one joins
 
 
 class NodeHeartbeat(Msg, tag=51):
-    node_id: bytes
+    node_id: NodeID
     available: dict[str, float]
     pending_shapes: list[dict[str, float]] = []
     total: dict[str, float] | None = None  # when it changed (placement group bundles)
 
 
 class RegisterJob(Msg, tag=52):
-    job_id: bytes
+    job_id: JobID
     pid: int
     namespace: str
     cwd: str
@@ -108,7 +119,7 @@ class GetJobConfig(Msg, tag=98):
     """What a worker creating an actor for a job asks of it, once per job."""
 
     req_id: int
-    job_id: bytes
+    job_id: JobID
 
 
 class JobConfigInfo(Msg, tag=99):
@@ -124,27 +135,27 @@ class CreateActor(Msg, tag=53):
 
 class GetActorInfo(Msg, tag=54):
     req_id: int
-    actor_id: bytes
+    actor_id: ActorID
     name: str = ""
     namespace: str = ""
     wait_ready: bool = True
     stale_address: str = ""  # wait for an address other than this one (a restart)
-    job_id: bytes = b""  # a name without a namespace is looked up in this job's
+    job_id: JobID = UNKNOWN_JOB  # a name without a namespace is looked up in this job's
 
 
 class ActorInfo(Msg, tag=55):
     req_id: int
-    actor_id: bytes
+    actor_id: ActorID
     state: str  # PENDING | ALIVE | RESTARTING | DEAD | MISSING
     address: str = ""
     error: str = ""
     spec: ActorSpec | None = None
     tcp_address: str = ""
-    node_id: bytes = b""
+    node_id: NodeID = NO_NODE
 
 
 class KillActor(Msg, tag=56):
-    actor_id: bytes
+    actor_id: ActorID
     no_restart: bool = True
     reason: str = ""  # why, for its callers' ActorDiedError (default: rtml.kill())
 
@@ -159,21 +170,21 @@ class StartActor(Msg, tag=57):
 
 
 class ActorStarted(Msg, tag=58):
-    actor_id: bytes
-    worker_id: bytes
+    actor_id: ActorID
+    worker_id: WorkerID
     address: str
     error: str = ""
     tcp_address: str = ""
-    node_id: bytes = b""
+    node_id: NodeID = NO_NODE
 
 
 class ActorWorkerDied(Msg, tag=59):
-    actor_id: bytes
+    actor_id: ActorID
     reason: str
 
 
 class KillActorWorker(Msg, tag=60):
-    actor_id: bytes
+    actor_id: ActorID
 
 
 class GetClusterInfo(Msg, tag=61):
@@ -183,7 +194,7 @@ class GetClusterInfo(Msg, tag=61):
 class NodeInfo(msgspec.Struct, array_like=True, gc=False):
     """One node as the head knows it."""
 
-    node_id: bytes
+    node_id: NodeID
     alive: bool
     address: str  # its node manager's host:port
     resources: dict[str, float]
@@ -212,76 +223,76 @@ class FlushOutput(Msg, tag=76):
 
 class OutputFlushed(Msg, tag=77):
     req_id: int
-    node_id: bytes = b""  # the node manager answering the head
+    node_id: NodeID = NO_NODE  # the node manager answering the head
 
 
 class ActorExiting(Msg, tag=80):
     """An actor called exit_actor(): not to be restarted; answered with ActorInfo."""
 
     req_id: int
-    actor_id: bytes
+    actor_id: ActorID
 
 
 class CreatePlacementGroup(Msg, tag=81):
-    pg_id: bytes
+    pg_id: PlacementGroupID
     bundles: list[dict[str, float]]
     strategy: str
     name: str = ""
     namespace: str = ""
-    job_id: bytes = b""
+    job_id: JobID = UNKNOWN_JOB
     detached: bool = False
 
 
 class RemovePlacementGroup(Msg, tag=82):
-    pg_id: bytes
+    pg_id: PlacementGroupID
 
 
 class GetPlacementGroup(Msg, tag=83):
     req_id: int
-    pg_id: bytes = b""  # b"": by name, in namespace (or job_id's)
+    pg_id: PlacementGroupID = NO_GROUP  # b"": by name, in namespace (or job_id's)
     name: str = ""
     namespace: str = ""
-    job_id: bytes = b""
+    job_id: JobID = UNKNOWN_JOB
 
 
 class PlacementGroupInfo(Msg, tag=84):
     req_id: int
-    pg_id: bytes
+    pg_id: PlacementGroupID
     state: str  # PENDING | CREATED | REMOVED | MISSING
     bundles: list[dict[str, float]] = []
     strategy: str = ""
     name: str = ""
-    nodes: list[bytes] = []  # of each bundle, once created
+    nodes: list[NodeID] = []  # of each bundle, once created
 
 
 class PrepareBundles(Msg, tag=85):
     """Head to node manager: take these bundles from the pool (if they fit now)."""
 
-    pg_id: bytes
+    pg_id: PlacementGroupID
     bundles: list[tuple[int, dict[str, float]]]
     round: int = 0  # which placement of the group (an answer to an older one is stale)
 
 
 class BundlesPrepared(Msg, tag=86):
-    pg_id: bytes
-    node_id: bytes
+    pg_id: PlacementGroupID
+    node_id: NodeID
     ok: bool
     round: int = 0
 
 
 class CommitBundles(Msg, tag=87):
-    pg_id: bytes
+    pg_id: PlacementGroupID
 
 
 class ReleaseBundles(Msg, tag=88):
-    pg_id: bytes
+    pg_id: PlacementGroupID
 
 
 class ListNamedActors(Msg, tag=78):
     req_id: int
     namespace: str = ""  # "": job_id's (asked from a task or an actor)
     all_namespaces: bool = False
-    job_id: bytes = b""
+    job_id: JobID = UNKNOWN_JOB
 
 
 class NamedActors(Msg, tag=79):

@@ -10,12 +10,13 @@ gRPC, beside it).
 
 from __future__ import annotations
 
+from rtml.ids import ClientID, NodeID, ObjectID
 from rtml.rpc.protocols.base import Msg
 
 
 class ObjectsFreed(Msg, tag=69):
     """Primary node -> nodes holding copies: the objects were deleted; drop the copies."""
-    object_ids: list[bytes]
+    object_ids: list[ObjectID]
 
 
 class LinkFence(Msg, tag=72):
@@ -32,14 +33,14 @@ class LocateObject(Msg, tag=74):
     """Node manager -> the node a ref named: where is the object? Answered at once if the
     receiver knows, else when its owner (a client there) has it made, or dies."""
     req_id: int
-    object_id: bytes
-    owner_id: bytes
+    object_id: ObjectID
+    owner_id: ClientID
 
 
 class ObjectLocated(Msg, tag=75):
     req_id: int
-    object_id: bytes
-    node_id: bytes  # where its primary copy is; empty with an error
+    object_id: ObjectID
+    node_id: NodeID  # where its primary copy is; empty with an error
     error: str = ""
     owner_died: bool = False  # the error: its owner died before it existed
 

@@ -15,6 +15,17 @@ and a node manager.
 
 from __future__ import annotations
 
+from rtml.ids import (
+    NO_ACTOR,
+    NO_NODE,
+    ActorID,
+    ClientID,
+    JobID,
+    NodeID,
+    ObjectID,
+    TaskID,
+    WorkerID,
+)
 from rtml.rpc.protocols.base import ActorSpec, Msg
 
 
@@ -22,7 +33,7 @@ class RequestLease(Msg, tag=20):
     req_id: int
     shape: dict[str, float]
     strategy: str = ""  # "" | "SPREAD" | "node:<hex id>" | "node:<hex id>:soft"
-    preferred_node: bytes = b""  # holds the task's large arguments
+    preferred_node: NodeID = NO_NODE  # holds the task's large arguments
     spilled: bool = False  # placed here by the head: grant here, never spill again
     runtime_env: str = ""  # the tasks' runtime env (rtml.core.runtime_env): its own workers
 
@@ -30,7 +41,7 @@ class RequestLease(Msg, tag=20):
 class LeaseGranted(Msg, tag=21):
     req_id: int
     lease_id: int
-    worker_id: bytes
+    worker_id: WorkerID
     address: str
     gpu_ids: tuple[int, ...] = ()
 
@@ -38,7 +49,7 @@ class LeaseGranted(Msg, tag=21):
 class LeaseSpillback(Msg, tag=28):
     """Ask the node manager at ``address`` (node ``node_id``) for this lease instead."""
     req_id: int
-    node_id: bytes
+    node_id: NodeID
     address: str
 
 
@@ -72,7 +83,7 @@ class WorkerUnblocked(Msg, tag=26):
 class CreateObject(Msg, tag=45):
     """Room in the store for an object about to be written into shared memory."""
     req_id: int
-    object_id: bytes
+    object_id: ObjectID
     size: int
 
 
@@ -84,47 +95,47 @@ class ObjectCreated(Msg, tag=46):
 
 
 class SealObject(Msg, tag=30):
-    object_id: bytes
+    object_id: ObjectID
     size: int
-    holder: bytes
-    actor_id: bytes = b""  # the object is this actor's life: the actor ends when it is freed
-    holds_at: bytes = b""  # the node holding the refs inside it, if not this one
+    holder: bytes  # a client, or the node standing in for an owner on another node
+    actor_id: ActorID = NO_ACTOR  # the object is this actor's life: the actor ends when it is freed
+    holds_at: NodeID = NO_NODE  # the node holding the refs inside it, if not this one
 
 
 class AddHolds(Msg, tag=31):
-    object_ids: list[bytes]
-    holder: bytes
-    node_id: bytes = b""  # the objects' primary node, if not the receiver
+    object_ids: list[ObjectID]
+    holder: bytes  # a client, a node (for its clients) or an object (the refs in it)
+    node_id: NodeID = NO_NODE  # the objects' primary node, if not the receiver
 
 
 class ReleaseHolds(Msg, tag=32):
-    object_ids: list[bytes]
-    holder: bytes
-    node_id: bytes = b""
+    object_ids: list[ObjectID]
+    holder: bytes  # a client, a node (for its clients) or an object (the refs in it)
+    node_id: NodeID = NO_NODE
 
 
 class ReleaseHolder(Msg, tag=33):
-    holder: bytes
-    node_id: bytes = b""  # the node whose manager holds for ``holder``, if not the receiver
+    holder: bytes  # a client, a node (for its clients) or an object (the refs in it)
+    node_id: NodeID = NO_NODE  # the node whose manager holds for ``holder``, if not the receiver
 
 
 class WaitObject(Msg, tag=34):
     req_id: int
-    object_id: bytes
-    owner_id: bytes
-    node_id: bytes = b""  # where the primary copy lives (pulled from there if not here)
+    object_id: ObjectID
+    owner_id: ClientID
+    node_id: NodeID = NO_NODE  # where the primary copy lives (pulled from there if not here)
 
 
 class ObjectAvailable(Msg, tag=35):
     req_id: int
-    object_id: bytes
+    object_id: ObjectID
     error: str = ""
     owner_died: bool = False  # the error: its owner died before the value existed
 
 
 class CancelTask(Msg, tag=36):
-    task_id: bytes
-    worker_id: bytes
+    task_id: TaskID
+    worker_id: WorkerID
     force: bool
     recursive: bool = False  # also cancel the tasks it submitted
 
@@ -143,7 +154,7 @@ class FenceHolds(Msg, tag=70):
     are in place there (a worker asks before it sends a result that lets its owner
     release what the worker borrowed)."""
     req_id: int
-    node_ids: list[bytes]
+    node_ids: list[NodeID]
 
 
 class HoldsFenced(Msg, tag=71):
@@ -151,7 +162,7 @@ class HoldsFenced(Msg, tag=71):
 
 
 class CancelRunning(Msg, tag=40):
-    task_id: bytes
+    task_id: TaskID
     recursive: bool = False
 
 
@@ -163,7 +174,7 @@ class WorkerListening(Msg, tag=41):
 class WorkerOutput(Msg, tag=44):
     """Lines a worker printed, forwarded by its node manager to the job's drivers."""
     pid: int
-    job_id: bytes
+    job_id: JobID
     text: str
 
 
@@ -174,7 +185,7 @@ class BecomeActor(Msg, tag=42):
 
 
 class ActorReady(Msg, tag=43):
-    actor_id: bytes
+    actor_id: ActorID
     error: str = ""  # the constructor's error, with its traceback
 
 

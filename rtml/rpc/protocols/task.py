@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+from rtml.ids import NO_TASK, NodeID, TaskID
 from rtml.rpc.protocols.base import Msg, ReturnObject, TaskSpec
 
 
@@ -24,21 +25,21 @@ class PushTask(Msg, tag=10):
 
 
 class TaskResult(Msg, tag=11):
-    task_id: bytes
+    task_id: TaskID
     returns: tuple[ReturnObject, ...]
     start_ts: float
     end_ts: float
     worker_pid: int
-    node_id: bytes
+    node_id: NodeID
     cancelled: bool = False
 
 
 class CancelCall(Msg, tag=12):
-    task_id: bytes
+    task_id: TaskID
 
 
 class FunctionWanted(Msg, tag=13):
-    task_id: bytes
+    task_id: TaskID
     function_id: bytes
 
 
@@ -51,11 +52,11 @@ class WorkerRetiring(Msg, tag=16):
     """The worker ran its function ``max_calls`` times and exits after this: the tasks
     its owner pushed behind the last one never started (resubmitted free)."""
 
-    task_id: bytes = b""  # none: read past by the owner's result loop as unmatched
+    task_id: TaskID = NO_TASK  # none: read past by the owner's result loop as unmatched
 
 
 class GeneratorItem(Msg, tag=15):
-    task_id: bytes
+    task_id: TaskID
     index: int  # 0, 1, ...: object id object_id_for(task_id, index + 2)
     item: ReturnObject
 
