@@ -321,7 +321,8 @@ def start_head_node(session: Session, token: str, node: NodeConfig, *, port: int
                               else redis.proc.pid,
                               redis_user=redis_address.user,
                               redis_password=redis_address.password,
-                              redis_tls=tls_text(redis_address.tls))
+                              redis_tls=tls_text(redis_address.tls),
+                              tls_cert=node.tls_cert, tls_key=node.tls_key)
         if node_timeout is not None:
             head_cfg = HeadConfig(**{**head_cfg.__dict__, "node_timeout": node_timeout})
         if die_with_parent:
@@ -386,7 +387,8 @@ def _launch_supervisor(session: Session, cfg: HeadConfig,
 
 
 def take_over_head(session: Session, token: str, head_address: str,
-                   redis_address: RedisAddress, redis_pid: int) -> subprocess.Popen[bytes]:
+                   redis_address: RedisAddress, redis_pid: int,
+                   tls: tuple[str, str] = ("", "")) -> subprocess.Popen[bytes]:
     """Start a head supervisor (and head) for a head node whose supervisor died while its
     Redis (``redis_pid``, which the new supervisor keeps running) lives on: on the
     recorded address, taking over from what Redis recorded (the node managers rejoin
@@ -396,7 +398,7 @@ def take_over_head(session: Session, token: str, head_address: str,
     cfg = HeadConfig(str(session.root), token, redis_address.host, redis_address.port, host,
                      int(port), listen_fd=listener.fileno(), redis_pid=redis_pid,
                      redis_user=redis_address.user, redis_password=redis_address.password,
-                     redis_tls=tls_text(redis_address.tls))
+                     redis_tls=tls_text(redis_address.tls), tls_cert=tls[0], tls_key=tls[1])
     launched = _launch_supervisor(session, cfg, listener)
     await_ready(launched, session)
     return launched.proc

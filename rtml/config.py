@@ -93,6 +93,8 @@ class NodeConfig:
     port: int = 0
     prestart_workers: int = -1  # -1: one per CPU
     head_timeout: float = field(default_factory=default_head_timeout)
+    tls_cert: str = ""  # TLS on its TCP listeners and its workers' (rtml.rpc.tls); "": none
+    tls_key: str = ""
 
     def total_resources(self) -> dict[str, float]:
         total = {"CPU": float(self.num_cpus), "GPU": float(self.num_gpus),
@@ -129,6 +131,8 @@ class HeadConfig:
     redis_password: str = ""  # has none: RedisAddress.login derives its login)
     redis_tls: str = ""  # a rediss:// one's TLS settings (address.tls_text); "": plain TCP
     task_records_kept: int = field(default_factory=default_task_records_kept)
+    tls_cert: str = ""  # TLS on its TCP listener (rtml.rpc.tls); "": none
+    tls_key: str = ""
 
     def to_json(self) -> str:
         """The config without its secrets (which travel in ``TOKEN_ENV`` and
@@ -152,6 +156,8 @@ class WorkerConfig:
     node_ip: str  # where it listens for owners on other nodes
     worker_id: WorkerID
     runtime_env: str = ""  # the env it is started for (rtml.worker.runtime_env); "" none
+    tls_cert: str = ""  # TLS on its TCP listener (its node's certificate); "": none
+    tls_key: str = ""
 
     def to_json(self) -> str:
         """The config without its token (which travels in ``TOKEN_ENV``)."""

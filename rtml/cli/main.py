@@ -113,6 +113,15 @@ def _add_start(sub: Any) -> None:
     start.add_argument("--redis-address", default=None, metavar="URL",
                        help="--head: use your own Redis, redis://[USER:PASSWORD@]HOST:PORT, "
                             "instead of starting one (rtml then never stops or restarts it)")
+    start.add_argument("--tls", action="store_true",
+                       help="TLS on this node's TCP listeners (with --head: the cluster's; "
+                            "every node must then join with --tls). A self-signed "
+                            "certificate is made in the session directory; the handshake "
+                            "binds it to the cluster token, so no CA is needed")
+    start.add_argument("--tls-cert", default=None, metavar="PEM",
+                       help="with --tls: this certificate instead of a new one")
+    start.add_argument("--tls-key", default=None, metavar="PEM",
+                       help="with --tls-cert: its private key")
     start.add_argument("--block", action="store_true",
                        help="stay in the foreground; stop everything on Ctrl-C / SIGTERM")
     add_session_dir(start)

@@ -35,6 +35,7 @@ from rtml.daemon import pid_alive
 from rtml.exceptions import ProtocolError, RtmlSystemError
 from rtml.ids import new_client_id
 from rtml.rpc.client import FramedClient, make_hello
+from rtml.rpc.tls import make_certificate, server_tls
 from rtml.scheduler.resources import bad_amount
 from rtml.session import Session, default_session_dir, new_token, process_start_time
 
@@ -69,8 +70,30 @@ def _node_config(args: argparse.Namespace, session: Session, token: str) -> Node
     node_ip = args.node_ip_address or cluster.detect_node_ip()
     if not cluster.is_local_ip(node_ip):
         raise CliError(f"--node-ip-address {node_ip} is not an address of this machine")
+    cert, key = _tls_files(args, session)
     return NodeConfig(str(session.root), token, "", num_cpus, args.num_gpus or 0.0,
-                      resources, store, node_ip=node_ip)
+                      resources, store, node_ip=node_ip, tls_cert=cert, tls_key=key)
+
+
+def _tls_files(args: argparse.Namespace, session: Session) -> tuple[str, str]:
+    """The certificate and key of ``--tls`` (given, or made in the session directory),
+    checked; ("", "") without TLS."""
+    if (args.tls_cert or args.tls_key) and not args.tls:
+        raise CliError("--tls-cert and --tls-key go with --tls")
+    if not args.tls:
+        return "", ""
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise CliError("pass both --tls-cert and --tls-key (PEM files), or neither to have "
+                       "rtml make a certificate")
+    if args.tls_cert:
+        cert, key = os.path.abspath(args.tls_cert), os.path.abspath(args.tls_key)
+    else:
+        cert, key = make_certificate(str(session.create().root))
+    try:
+        server_tls(cert, key)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    return cert, key
 
 
 def _parse_resources(text: str | None) -> dict[str, float]:
@@ -112,8 +135,8 @@ def _start_head(args: argparse.Namespace, session: Session) -> int:
             raise
         raise CliError(f"--redis-address: {exc}") from None
     assert started.redis_address is not None
-    _write_record(started, "head", started.redis_address)
-    _print_head_started(started, token, session)
+    _write_record(started, "head", started.redis_address, (node.tls_cert, node.tls_key))
+    _print_head_started(started, token, session, bool(node.tls_cert))
     return _block(started) if args.block else 0
 
 
@@ -134,7 +157,8 @@ def _take_over_head(session: Session) -> bool:
     try:
         proc = cluster.take_over_head(session, token, record["head_address"],
                                       RedisAddress.from_info(record),
-                                      0 if users or redis is None else int(redis["pid"]))
+                                      0 if users or redis is None else int(redis["pid"]),
+                                      (record.get("tls_cert", ""), record.get("tls_key", "")))
     except RtmlSystemError as exc:
         raise CliError(f"could not start the head again in {session.root}: {exc}") from None
     supervisor.update(pid=proc.pid, start_time=process_start_time(proc.pid))
@@ -157,13 +181,17 @@ def _start_worker_node(args: argparse.Namespace, session: Session) -> int:
                        "printed it as RTML_TOKEN=... when it started)")
     address = _check_address(args.address)
     node = _node_config(args, session, token)
-    info = _hello_head(address, token)
+    info, head_tls = _hello_head(address, token)
+    if head_tls != bool(node.tls_cert):
+        raise CliError(f"the head at {address} uses TLS: start this node with --tls too"
+                       if head_tls else f"the head at {address} does not use TLS: drop --tls "
+                       f"here, or start the head with --tls")
     try:
         started = cluster.join_node(session, token, node, address, die_with_parent=False)
     except RtmlSystemError as exc:
         raise CliError(f"could not join the head at {address}: {exc}") from None
     _write_record(started, "node", RedisAddress.from_info(info) if info.get("redis_host")
-                  else None)
+                  else None, (node.tls_cert, node.tls_key))
     print(f"Started an rtml node in session {session.root}")
     print(f"  joined head:   {address}")
     print(f"  node manager:  {started.nm_address} (node {started.node_id})")
@@ -204,16 +232,16 @@ def _given_token(args: argparse.Namespace) -> str | None:
     return args.token or os.environ.get("RTML_TOKEN") or None
 
 
-def _hello_head(address: str, token: str) -> dict[str, str]:
+def _hello_head(address: str, token: str) -> tuple[dict[str, str], bool]:
     """Say hello to the head so a wrong token or address fails here, clearly.
 
-    Returns the head's HelloReply info (where its Redis listens).
+    Returns the head's HelloReply info (where its Redis listens), and whether it uses TLS.
     """
-    async def hello() -> dict[str, str]:
+    async def hello() -> tuple[dict[str, str], bool]:
         client, reply = await FramedClient.connect(
             address, token, make_hello("cli", new_client_id()), timeout=HELLO_TIMEOUT)
         client.close()
-        return dict(reply.info)
+        return dict(reply.info), client.tls
 
     try:
         return asyncio.run(hello())
@@ -226,7 +254,7 @@ def _hello_head(address: str, token: str) -> dict[str, str]:
 
 
 def _write_record(started: cluster.StartedNode, role: str,
-                  redis: RedisAddress | None) -> None:
+                  redis: RedisAddress | None, tls: tuple[str, str]) -> None:
     """Record what was started; processes are listed in the order to stop them. The
     record (0600) also says where the control plane is, and how to log in to a Redis
     of the user's."""
@@ -236,7 +264,7 @@ def _write_record(started: cluster.StartedNode, role: str,
     where = redis.info() if redis is not None else {"redis_host": "", "redis_port": ""}
     started.session.write_record({
         "role": role, "head_address": started.head_address, "nm_address": started.nm_address,
-        "node_id": started.node_id, **where,
+        "node_id": started.node_id, **where, "tls_cert": tls[0], "tls_key": tls[1],
         "pids": [pid for pid, _ in procs],
         "processes": [{"pid": pid, "name": name, "start_time": process_start_time(pid)}
                       for pid, name in procs],
@@ -252,8 +280,10 @@ def _module_name(argv: Any) -> str:
     return package.rpartition(".")[2] if module == "main" else module
 
 
-def _print_head_started(started: cluster.StartedNode, token: str, session: Session) -> None:
+def _print_head_started(started: cluster.StartedNode, token: str, session: Session,
+                        tls: bool) -> None:
     redis = started.redis_address
+    tls_flag = " --tls" if tls else ""
     assert redis is not None
     whose = "" if started.redis is not None else " (yours: not started or stopped by rtml)"
     env = "" if session.root == Path(default_session_dir()) else \
@@ -270,9 +300,9 @@ def _print_head_started(started: cluster.StartedNode, token: str, session: Sessi
         f"    {env}python -c 'import rtml; rtml.init(address=\"auto\")'",
         "To add another node to this cluster (the token stays out of `ps`):",
         f"    RTML_TOKEN={token} rtml start --address {started.head_address} "
-        f"--session-dir DIR",
+        f"--session-dir DIR{tls_flag}",
         f"  or, with a copy of {session.token_file}: rtml start --address "
-        f"{started.head_address} --token-file PATH --session-dir DIR",
+        f"{started.head_address} --token-file PATH --session-dir DIR{tls_flag}",
         f"To stop this node:  rtml stop{session_flag(session)}",
     ]
     print("\n".join(lines), flush=True)

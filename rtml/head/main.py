@@ -31,6 +31,7 @@ from rtml.daemon import (
 from rtml.head.service import HeadService
 from rtml.rpc import messages as m
 from rtml.rpc.server import protocol_factory
+from rtml.rpc.tls import listener_tls
 from rtml.session import Session
 
 log = logging.getLogger(__name__)
@@ -42,11 +43,14 @@ async def serve(cfg: HeadConfig, ready: ReadyPipe) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, _stop_on_signal, head, sig)
+    tls = listener_tls(cfg.tls_cert, cfg.tls_key)
     if cfg.listen_fd >= 0:
         sock = socket.socket(fileno=cfg.listen_fd)
-        server = await loop.create_server(protocol_factory(head), sock=sock)
+        if sock.family == socket.AF_UNIX:
+            tls = None  # (TLS is for what crosses the network)
+        server = await loop.create_server(protocol_factory(head, tls), sock=sock)
     else:
-        server = await loop.create_server(protocol_factory(head), cfg.host, cfg.port)
+        server = await loop.create_server(protocol_factory(head, tls), cfg.host, cfg.port)
     port = server.sockets[0].getsockname()[1]
     log.info("head service pid %d serving on %s:%d", os.getpid(), cfg.host, port)
     ready.report(f"ok {cfg.host}:{port}")

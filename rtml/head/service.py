@@ -72,6 +72,7 @@ class NodeState:
     peer: Peer
     session_dir: str
     transfer_address: str = ""
+    tls_cert: bytes = b""
 
     @property
     def alive(self) -> bool:
@@ -79,7 +80,8 @@ class NodeState:
 
     def entry(self) -> m.NodeEntry:
         view = self.view
-        return m.NodeEntry(view.node_id, view.address, self.transfer_address, view.alive)
+        return m.NodeEntry(view.node_id, view.address, self.transfer_address, view.alive,
+                           self.tls_cert)
 
 
 class HeadService(Service):
@@ -205,7 +207,8 @@ class HeadService(Service):
             return
         view = pl.NodeView(msg.node_id, msg.address, msg.resources, dict(msg.resources),
                            last_heartbeat=time.monotonic())
-        self.nodes[msg.node_id] = NodeState(view, peer, msg.session_dir, msg.transfer_address)
+        self.nodes[msg.node_id] = NodeState(view, peer, msg.session_dir, msg.transfer_address,
+                                            msg.tls_cert)
         # Told at once, not once recorded: a node must be able to join while Redis is slow.
         self.writes.write(self.plane.put_node, msg.node_id, {
             "address": msg.address, "resources": msg.resources,

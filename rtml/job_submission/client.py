@@ -249,7 +249,7 @@ class JobSubmissionClient:
                                   f"that `rtml start --head` runs there") from None
         try:
             try:
-                handshake(sock, self._token, _hello())
+                sock, _ = handshake(sock, self._token, _hello())
             except ProtocolError as exc:
                 raise ConnectionError(f"the head at {self.address} refused this client "
                                       f"({exc}): give the cluster's token (token=..., "

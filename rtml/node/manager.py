@@ -65,6 +65,7 @@ from rtml.node.workers import WorkerLauncher, WorkerProc
 from rtml.rpc import messages as m
 from rtml.rpc.client import make_hello
 from rtml.rpc.server import Peer, Service, protocol_factory
+from rtml.rpc.tls import listener_tls
 from rtml.scheduler.local import (
     Grant,
     LocalScheduler,
@@ -122,9 +123,10 @@ class NodeManager(Service):
         # To the head and other node managers it is a client named by its node id.
         self.client_id = ClientID(self.node_id)
         self.links = NodeLinks(self.token, make_hello("node", self.client_id), self._link_answer)
+        self.tls = listener_tls(cfg.tls_cert, cfg.tls_key)
         self.objects = ObjectManager(self.node_id, self.store_dir, str(self.session.spill),
                                      cfg.object_store_memory, self.token, self.links,
-                                     self._end_actor)
+                                     self._end_actor, cfg.tls_cert, cfg.tls_key)
         self.launcher = WorkerLauncher(zygote, self._worker_gone)
         self.head = HeadLink(cfg.head_address, self.token, make_hello("node", self.client_id))
 
@@ -152,8 +154,8 @@ class NodeManager(Service):
         loop = asyncio.get_running_loop()
         self.server = await loop.create_unix_server(protocol_factory(self), self.unix_path)
         os.chmod(self.unix_path, 0o600)
-        self.tcp_server = await loop.create_server(protocol_factory(self), self.cfg.node_ip,
-                                                   self.cfg.port)
+        self.tcp_server = await loop.create_server(protocol_factory(self, self.tls),
+                                                   self.cfg.node_ip, self.cfg.port)
         self.address = f"{self.cfg.node_ip}:{self.tcp_server.sockets[0].getsockname()[1]}"
         reply = await self.head.connect(HEAD_CONNECT_TIMEOUT)
         self.plane = ControlPlane.at(RedisAddress.from_info(reply.info), self.token)
@@ -162,7 +164,8 @@ class NodeManager(Service):
 
     def _registration(self, rejoin: bool) -> m.RegisterNode:
         msg = m.RegisterNode(self.node_id, self.address, self.unix_path, self.sched.total,
-                             str(self.session.root), self.transfer_address, rejoin=rejoin)
+                             str(self.session.root), self.transfer_address,
+                             self.tls.cert_pem if self.tls is not None else b"", rejoin=rejoin)
         if rejoin:
             msg.groups = [PlacementGroupID(bytes.fromhex(pg)) for pg in self.sched.bundles]
             ready = {w.actor_id: w for w in self.workers.values() if w.actor_ready}
@@ -450,7 +453,7 @@ class NodeManager(Service):
         self.workers[worker.worker_id] = worker
         config = WorkerConfig(str(self.session.root), self.token, f"unix:{self.unix_path}",
                               self.cfg.head_address, self.cfg.node_ip, worker.worker_id,
-                              runtime_env)
+                              runtime_env, self.cfg.tls_cert, self.cfg.tls_key)
         log_path = str(self.session.log_file(f"worker-{worker.worker_id.hex()[:12]}-out"))
         self.launcher.spawn(worker, config, log_path)
 

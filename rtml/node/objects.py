@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -143,8 +144,12 @@ class ObjectManager:
     """This node's objects: the store core, remote holds, pulls, copies and the table."""
 
     def __init__(self, node_id: NodeID, store_dir: str, spill_dir: str, capacity: int,
-                 token: str, links: NodeLinks, end_actor: Callable[[ActorID], None]) -> None:
+                 token: str, links: NodeLinks, end_actor: Callable[[ActorID], None],
+                 tls_cert: str = "", tls_key: str = "") -> None:
+        """``tls_cert``/``tls_key``: the node's TLS files (its transfer server shows the
+        certificate, and pulls trust each holder's own, as the head lists it)."""
         self.node_id = node_id
+        self.tls_files = (tls_cert, tls_key)
         self.end_actor = end_actor  # an actor's life object was freed here: it ends
         self.lives: dict[ObjectID, ActorID] = {}  # life object -> its actor
         self.holds_at: dict[ObjectID, NodeID] = {}  # our object -> the node holding its refs
@@ -160,6 +165,7 @@ class ObjectManager:
         self._collect_scheduled = False
         self.gone_clients: dict[ClientID, None] = {}  # insertion-ordered, bounded
         self.transfer_addresses: dict[NodeID, str] = {}
+        self.transfer_certs: dict[NodeID, bytes] = {}  # a TLS cluster's nodes' certificates
         self.dead_nodes: set[NodeID] = set()
         self.pulls: dict[ObjectID, NodeID] = {}  # object id -> node pulled from
         self.unlocated: set[ObjectID] = set()  # awaited here, location unknown: ask the table
@@ -454,6 +460,8 @@ class ObjectManager:
     def node_table(self, nodes: list[m.NodeEntry]) -> None:
         for entry in nodes:
             self.links.address_known(entry.node_id, entry.address)
+            if entry.tls_cert:
+                self.transfer_certs[entry.node_id] = entry.tls_cert
             if entry.transfer_address:
                 self.transfer_addresses[entry.node_id] = entry.transfer_address
                 for object_id in self.awaiting_address.pop(entry.node_id, ()):
@@ -531,8 +539,9 @@ class ObjectManager:
 
         self.pulls_started += 1
         path = segment.segment_path(self.store_dir, object_id)
-        future = self.loop.run_in_executor(None, transfer.pull, address, self.token,
-                                           object_id, path, self.node_id)
+        future = self.loop.run_in_executor(None, functools.partial(
+            transfer.pull, address, self.token, object_id, path, self.node_id,
+            root_cert=self.transfer_certs.get(node_id, b"")))
         self._own(future)
         future.add_done_callback(lambda f: self._pulled(object_id, node_id, f))
 
@@ -588,7 +597,8 @@ class ObjectManager:
             try:
                 from rtml.objectstore.transfer import TransferServer
 
-                self.transfer = TransferServer(host, self.token, self.locate, self._served)
+                self.transfer = TransferServer(host, self.token, self.locate, self._served,
+                                               self.tls_files)
                 address = self.transfer.start()
             except Exception:
                 log.exception("the object transfer server did not start")

@@ -62,10 +62,12 @@ import hmac
 import logging
 import os
 import secrets
+import sys
 import threading
 import time
 from collections.abc import Callable, Generator
 from concurrent import futures
+from pathlib import Path
 from typing import Any, NamedTuple, NoReturn
 
 import grpc
@@ -85,6 +87,7 @@ from rtml.objectstore.transfer_stream import (
 from rtml.objectstore.transfer_wire import ChunkView, decode_chunk, encode_chunk
 from rtml.rpc.messages import PROTOCOL_VERSION
 from rtml.rpc.protos import transfer_pb2
+from rtml.rpc.tls import CERT_NAME
 
 __all__ = ["CHUNK_BYTES", "STREAM_MIN_BYTES", "TransferServer", "call_metadata",
            "close_channels", "pull"]
@@ -131,8 +134,15 @@ class TransferServer:
     ticket_wait = 5.0
 
     def __init__(self, host: str, token: str, locate: Locate,
-                 on_served: OnServed | None = None) -> None:
+                 on_served: OnServed | None = None, tls_files: tuple[str, str] = ("", "")
+                 ) -> None:
+        """``tls_files``: the node's certificate and key (PEM), to serve over TLS; then
+        every object goes over gRPC, none on a side stream (whose bytes are not
+        encrypted)."""
         self._host = host
+        self._tls = tls_files if tls_files[0] else None
+        if self._tls is not None:
+            self.stream_min_bytes = sys.maxsize
         self._key = transfer_key(token).encode()
         self._locate = locate
         self._on_served = on_served
@@ -155,7 +165,12 @@ class TransferServer:
         server = grpc.server(futures.ThreadPoolExecutor(_SERVER_THREADS, "rtml-transfer"),
                              handlers=[self._handlers()], options=_OPTIONS)
         try:
-            port = server.add_insecure_port(_join_host_port(self._host, 0))
+            if self._tls is None:
+                port = server.add_insecure_port(_join_host_port(self._host, 0))
+            else:
+                cert, key = (Path(path).read_bytes() for path in self._tls)
+                port = server.add_secure_port(_join_host_port(self._host, 0),
+                                              grpc.ssl_server_credentials([(key, cert)]))
         except RuntimeError as exc:
             self._side.stop(0)
             raise _unbindable(self._host, exc) from None
@@ -314,23 +329,28 @@ class _Methods(NamedTuple):
     open_stream: Any
 
 
-_channels: dict[str, tuple[Any, _Methods]] = {}  # address -> (channel, its methods)
+_channels: dict[tuple[str, bytes], tuple[Any, _Methods]] = {}  # (address, root) -> ...
 _channels_lock = threading.Lock()
 
 
-def _methods(address: str) -> _Methods:
-    """The RPCs on the cached channel to ``address`` (the channel is opened on first use)."""
+def _methods(address: str, root_cert: bytes) -> _Methods:
+    """The RPCs on the cached channel to ``address`` (the channel is opened on first use);
+    over TLS if ``root_cert``, the holder's own certificate, is given (the head listed it:
+    a TLS cluster's transfer servers show self-signed certificates, see rtml.rpc.tls)."""
     with _channels_lock:
-        entry = _channels.get(address)
+        entry = _channels.get((address, root_cert))
         if entry is None:
-            channel = grpc.insecure_channel(address, options=_OPTIONS)
+            channel = (grpc.insecure_channel(address, options=_OPTIONS) if not root_cert else
+                       grpc.secure_channel(address, grpc.ssl_channel_credentials(root_cert),
+                                           options=(*_OPTIONS, ("grpc.ssl_target_name_override",
+                                                                CERT_NAME))))
             serialize = transfer_pb2.PullRequest.SerializeToString
             methods = _Methods(
                 channel.unary_stream(f"/{_SERVICE}/Pull", request_serializer=serialize,
                                      response_deserializer=decode_chunk),
                 channel.unary_unary(f"/{_SERVICE}/OpenStream", request_serializer=serialize,
                                     response_deserializer=transfer_pb2.StreamTicket.FromString))
-            entry = _channels[address] = (channel, methods)
+            entry = _channels[(address, root_cert)] = (channel, methods)
         return entry[1]
 
 
@@ -357,12 +377,14 @@ def call_metadata(token: str) -> tuple[tuple[str, str], ...]:
 
 
 def pull(address: str, token: str, object_id: ObjectID, dest_path: str,
-         requester_node: NodeID = NO_NODE, timeout: float = 60.0) -> int:
+         requester_node: NodeID = NO_NODE, timeout: float = 60.0, root_cert: bytes = b""
+         ) -> int:
     """Copy object ``object_id`` from the node serving at ``address`` to ``dest_path``.
 
     Returns the object's size in bytes. ``dest_path`` appears complete or not at all; if it
     exists already, nothing is pulled and its size is returned. ``timeout`` bounds the whole
-    pull. Raises ``ObjectLostError`` if that node does not have the object (or, pulling a
+    pull; ``root_cert``: the holder's TLS certificate (PEM) in a TLS cluster. Raises
+    ``ObjectLostError`` if that node does not have the object (or, pulling a
     small object in chunks, lost it mid-pull); ``RtmlSystemError`` if it refuses the token or
     protocol version, cannot be reached or does not finish within ``timeout``, breaks the
     protocol, or a large object's side stream fails or ends early; ``OSError`` if
@@ -375,7 +397,7 @@ def pull(address: str, token: str, object_id: ObjectID, dest_path: str,
     tmp = f"{dest_path}.{os.getpid()}-{secrets.token_hex(4)}.pull.tmp"
     started = time.perf_counter()
     request = transfer_pb2.PullRequest(object_id=object_id, requester_node=requester_node)
-    job = PullJob(address, token, request, timeout, time.monotonic() + timeout)
+    job = PullJob(address, token, request, timeout, time.monotonic() + timeout, root_cert)
     fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)  # RDWR: mmap needs it
     try:
         try:
@@ -393,7 +415,7 @@ def pull(address: str, token: str, object_id: ObjectID, dest_path: str,
 def _receive(job: PullJob, fd: int) -> int:
     """Write the object into ``fd``, on a side stream if the holder offers one. As ``pull``."""
     try:
-        ticket = _methods(job.address).open_stream(
+        ticket = _methods(job.address, job.root_cert).open_stream(
             job.request, timeout=job.timeout, metadata=call_metadata(job.token))
     except grpc.RpcError as exc:
         if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
@@ -411,7 +433,7 @@ def _receive_chunks(job: PullJob, fd: int) -> int:
     """Write the object's chunks, streamed by ``Pull``, into ``fd``; returns its size."""
     total, received = -1, 0  # -1 until the first chunk gives the size
     try:
-        chunks = _methods(job.address).pull(job.request, timeout=job.remaining(),
+        chunks = _methods(job.address, job.root_cert).pull(job.request, timeout=job.remaining(),
                                              metadata=call_metadata(job.token))
         for chunk in chunks:
             if total < 0:

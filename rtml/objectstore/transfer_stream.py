@@ -354,6 +354,7 @@ class PullJob(NamedTuple):
     request: transfer_pb2.PullRequest
     timeout: float
     deadline: float  # time.monotonic()
+    root_cert: bytes = b""  # the holder's TLS certificate (PEM); b"": plain gRPC
 
     def remaining(self) -> float:
         """Seconds left; raises ``TimeoutError`` when none are."""

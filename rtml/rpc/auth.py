@@ -29,15 +29,16 @@ HELLO_MAX_FRAME = 16 << 10
 NONCE_BYTES = 16
 
 
-def challenge() -> m.Challenge:
-    """A listener's first frame, with a fresh nonce."""
-    return m.Challenge(m.PROTOCOL_VERSION, os.urandom(NONCE_BYTES))
+def challenge(tls: bool = False) -> m.Challenge:
+    """A listener's first frame, with a fresh nonce; ``tls``: TLS follows it."""
+    return m.Challenge(m.PROTOCOL_VERSION, os.urandom(NONCE_BYTES), tls)
 
 
-def proof(token: str, side: bytes, first: bytes, second: bytes) -> bytes:
+def proof(token: str, side: bytes, first: bytes, second: bytes, binding: bytes = b"") -> bytes:
     """``side``'s proof (b"client" or b"server") that it holds ``token``: an HMAC-SHA256 of
-    the nonces, its own last. Launchpad's wire proves its program token the same way."""
-    return hmac.new(token.encode(), side + first + second, hashlib.sha256).digest()
+    the nonces, its own last, and of the TLS channel binding if any (``rtml.rpc.tls``).
+    Launchpad's wire proves its program token the same way."""
+    return hmac.new(token.encode(), side + first + second + binding, hashlib.sha256).digest()
 
 
 def challenge_of(msg: object) -> m.Challenge:
@@ -53,37 +54,43 @@ def challenge_of(msg: object) -> m.Challenge:
     return msg
 
 
-def answer(received: m.Challenge, token: str, hello: m.Hello) -> m.Hello:
-    """``hello`` answering ``received``: a fresh nonce and its proof."""
+def answer(received: m.Challenge, token: str, hello: m.Hello, binding: bytes = b""
+           ) -> m.Hello:
+    """``hello`` answering ``received``: a fresh nonce and its proof (bound to the TLS
+    certificate seen, ``binding``)."""
     nonce = os.urandom(NONCE_BYTES)
-    return msgspec.structs.replace(hello, nonce=nonce,
-                                   proof=proof(token, b"client", received.nonce, nonce))
+    return msgspec.structs.replace(
+        hello, nonce=nonce, proof=proof(token, b"client", received.nonce, nonce, binding))
 
 
-def check_hello(msg: object, token: str, sent: m.Challenge) -> m.Hello:
-    """Return ``msg`` if it is a Hello that answers ``sent`` under ``token``; else raise
-    ProtocolError."""
+def check_hello(msg: object, token: str, sent: m.Challenge, binding: bytes = b""
+                ) -> m.Hello:
+    """Return ``msg`` if it is a Hello that answers ``sent`` under ``token`` (through the
+    TLS certificate whose binding is ``binding``); else raise ProtocolError."""
     if not isinstance(msg, m.Hello):
         raise ProtocolError(f"first frame must be Hello, got {type(msg).__name__}")
     if msg.version != m.PROTOCOL_VERSION:
         raise ProtocolError(
             f"protocol version {msg.version} is not supported (this node speaks "
             f"{m.PROTOCOL_VERSION}); run the same rtml version on every node")
-    expected = proof(token, b"client", sent.nonce, msg.nonce)
+    expected = proof(token, b"client", sent.nonce, msg.nonce, binding)
     if len(msg.nonce) != NONCE_BYTES or not hmac.compare_digest(msg.proof, expected):
-        raise ProtocolError("wrong cluster token (pass --token or set RTML_TOKEN)")
+        raise ProtocolError("wrong cluster token (pass --token or set RTML_TOKEN), or a "
+                            "TLS connection through another certificate than this "
+                            "listener's (a man in the middle)" if binding else
+                            "wrong cluster token (pass --token or set RTML_TOKEN)")
     return msg
 
 
-def sign(reply: m.HelloReply, token: str, hello: m.Hello, sent: m.Challenge
-         ) -> m.HelloReply:
+def sign(reply: m.HelloReply, token: str, hello: m.Hello, sent: m.Challenge,
+         binding: bytes = b"") -> m.HelloReply:
     """``reply`` with the listener's proof, for the connector to check."""
-    reply.proof = proof(token, b"server", hello.nonce, sent.nonce)
+    reply.proof = proof(token, b"server", hello.nonce, sent.nonce, binding)
     return reply
 
 
-def check_reply(msg: object, token: str, hello: m.Hello, received: m.Challenge
-                ) -> m.HelloReply:
+def check_reply(msg: object, token: str, hello: m.Hello, received: m.Challenge,
+                binding: bytes = b"") -> m.HelloReply:
     """Return ``msg`` if it is a HelloReply that admits us and proves the listener holds
     the token; else raise ProtocolError."""
     if not isinstance(msg, m.HelloReply):
@@ -91,7 +98,7 @@ def check_reply(msg: object, token: str, hello: m.Hello, received: m.Challenge
     if not msg.ok:
         raise ProtocolError(f"handshake refused: {msg.error}")
     if not hmac.compare_digest(msg.proof, proof(token, b"server", hello.nonce,
-                                                 received.nonce)):
+                                                 received.nonce, binding)):
         raise ProtocolError("the listener did not prove it holds the cluster token: it is "
                             "not this cluster's (an impostor, or another cluster's)")
     return msg

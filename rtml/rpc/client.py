@@ -3,8 +3,9 @@ blocking callers (the client runtime's reactor, the CLI) and the asyncio ones (d
 
     make_hello(role, ...)                  who connects (answered to each Challenge)
     connect_socket(address)                a socket to ``unix:/path`` or ``host:port``
-    handshake(sock, token, hello)          blocking: Challenge in, Hello out, HelloReply
-                                           in (``rtml.rpc.auth``: both sides proven)
+    handshake(sock, token, hello)          blocking: Challenge in, (TLS if it says so,)
+                                           Hello out, HelloReply in (``rtml.rpc.auth``:
+                                           both sides proven); the socket to use after
     request(address, token, hello, msg, Reply)    one blocking request and its answer
     FramedClient.connect(address, token, hello)   asyncio: the same socket and rule,
                                                   then send(msg) / await receive()
@@ -26,6 +27,7 @@ from rtml.ids import NO_NODE, UNKNOWN_JOB, ClientID, JobID, NodeID
 from rtml.rpc import messages as m
 from rtml.rpc.auth import HELLO_MAX_FRAME, answer, challenge_of, check_reply
 from rtml.rpc.framing import MAX_FRAME, FrameDecoder, frame
+from rtml.rpc.tls import binding_of, client_context
 
 R = TypeVar("R", bound=m.Msg)
 
@@ -67,16 +69,30 @@ def connect_socket(address: str, timeout: float = 10.0) -> socket.socket:
         raise
 
 
-def handshake(sock: socket.socket, token: str, hello: m.Hello) -> m.HelloReply:
+def handshake(sock: socket.socket, token: str, hello: m.Hello
+              ) -> tuple[socket.socket, m.HelloReply]:
     """Answer the listener's Challenge with ``hello`` and check its reply, on a blocking
-    socket. Raises ProtocolError (refused, or the listener is not the cluster's)."""
+    socket; returns the socket to go on with (wrapped in TLS if the listener said so)
+    and the reply. Raises ProtocolError (refused, or the listener is not the cluster's),
+    or OSError (ssl.SSLError: TLS failed)."""
     decoder = FrameDecoder(max_frame=HELLO_MAX_FRAME)
     frames: list[bytes | memoryview] = []
     received = challenge_of(m.decode(_next_frame(sock, decoder, frames)))
-    answered = answer(received, token, hello)
-    sock.sendall(frame(m.encode(answered)))
-    return check_reply(m.decode(_next_frame(sock, decoder, frames)), token, answered,
-                       received)
+    if not received.tls:
+        answered = answer(received, token, hello)
+        sock.sendall(frame(m.encode(answered)))
+        return sock, check_reply(m.decode(_next_frame(sock, decoder, frames)), token,
+                                 answered, received)
+    tls = client_context().wrap_socket(sock)
+    try:
+        binding = binding_of(tls.getpeercert(binary_form=True))
+        answered = answer(received, token, hello, binding)
+        tls.sendall(frame(m.encode(answered)))
+        return tls, check_reply(m.decode(_next_frame(tls, decoder, frames)), token, answered,
+                                received, binding)
+    except BaseException:
+        tls.close()
+        raise
 
 
 def _next_frame(sock: socket.socket, decoder: FrameDecoder,
@@ -96,7 +112,7 @@ def request(address: str, token: str, hello: m.Hello, msg: m.Msg, reply_type: ty
     Raises OSError (unreachable, timed out, closed) or ProtocolError (refused)."""
     sock = connect_socket(address, timeout)
     try:
-        handshake(sock, token, hello)
+        sock, _ = handshake(sock, token, hello)
         sock.sendall(frame(m.encode(msg)))
         decoder = FrameDecoder()
         while True:
@@ -119,6 +135,7 @@ class FramedClient:
         self.writer = writer
         self.decoder = FrameDecoder()
         self._frames: list[bytes | memoryview] = []
+        self.tls = False  # the listener asked for TLS, and it is on
 
     @classmethod
     async def connect(cls, address: str, token: str, hello: m.Hello, timeout: float = 10.0
@@ -141,10 +158,16 @@ class FramedClient:
         client.decoder.max_frame = HELLO_MAX_FRAME
         try:
             received = challenge_of(await asyncio.wait_for(client.receive(), timeout))
-            answered = answer(received, token, hello)
+            binding = b""
+            if received.tls:
+                await writer.start_tls(client_context(), ssl_handshake_timeout=timeout)
+                client.tls = True
+                binding = binding_of(
+                    writer.get_extra_info("ssl_object").getpeercert(binary_form=True))
+            answered = answer(received, token, hello, binding)
             client.send(answered)
             reply = check_reply(await asyncio.wait_for(client.receive(), timeout), token,
-                                answered, received)
+                                answered, received, binding)
             client.decoder.max_frame = MAX_FRAME
         except BaseException:
             client.close()

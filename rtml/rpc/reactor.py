@@ -35,6 +35,7 @@ import itertools
 import logging
 import select
 import socket
+import ssl
 import threading
 import time
 from collections import deque
@@ -54,6 +55,8 @@ Handler = Callable[["Connection", Any], None]
 """Called with each message; with a list of the messages of one read if ``batched``."""
 CloseHandler = Callable[["Connection", str], None]
 _RECV_SIZE = 1 << 18
+_WOULD_BLOCK = (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
+"""What a non-blocking send or recv raises when it would block (TLS: its own two)."""
 _READ = select.EPOLLIN
 _READ_WRITE = select.EPOLLIN | select.EPOLLOUT
 HANDBACK_GRACE = 0.002
@@ -111,7 +114,7 @@ class Connection:
                 return
             try:
                 sent = self.sock.send(self._out)
-            except BlockingIOError:
+            except _WOULD_BLOCK:
                 sent = 0
             except OSError as exc:
                 self.reactor.call_soon(self.close, f"send failed: {exc}")
@@ -159,7 +162,7 @@ class Connection:
                 return
             try:
                 sent = self.sock.send(data)
-            except BlockingIOError:
+            except _WOULD_BLOCK:
                 sent = 0
             except OSError as exc:
                 self.reactor.call_soon(self.close, f"send failed: {exc}")
@@ -175,7 +178,7 @@ class Connection:
                 return True
             try:
                 sent = self.sock.send(self._out)
-            except BlockingIOError:
+            except _WOULD_BLOCK:
                 return False
             except OSError:
                 return True  # the read side sees the failure and closes
@@ -189,7 +192,7 @@ class Connection:
         view = self.reactor._recv_view
         try:
             size = self.sock.recv_into(view)
-        except BlockingIOError:
+        except _WOULD_BLOCK:
             return
         except OSError as exc:
             self.close(f"recv failed: {exc}")
@@ -257,6 +260,26 @@ class Connection:
         self.sock.close()
         if self.on_close is not None:
             self.on_close(self, reason)
+
+
+class TlsConnection(Connection):
+    """A connection over TLS (``rtml.rpc.tls``). A read takes one TLS record at most, and
+    the rest of what arrived waits decrypted in the SSL object, where epoll does not see
+    it: read on until it is empty."""
+
+    def _on_readable(self) -> None:
+        super()._on_readable()
+        sock = self.sock
+        if not self.closed and isinstance(sock, ssl.SSLSocket) and sock.pending():
+            self.reactor.call_soon(self._on_readable)
+
+
+def connection_for(reactor: Reactor, sock: socket.socket, handler: Handler,
+                   on_close: CloseHandler | None = None, name: str = "",
+                   batched: bool = False) -> Connection:
+    """A Connection over ``sock``: a TlsConnection if it is a TLS socket."""
+    kind = TlsConnection if isinstance(sock, ssl.SSLSocket) else Connection
+    return kind(reactor, sock, handler, on_close, name, batched)
 
 
 class Flag:
@@ -682,10 +705,10 @@ def open_connection(reactor: Reactor, address: str, token: str, hello: m.Hello,
     except OSError as exc:
         raise RtmlSystemError(f"cannot connect to {address}: {exc}") from exc
     try:
-        reply = handshake(sock, token, hello)
+        sock, reply = handshake(sock, token, hello)
     except (OSError, ProtocolError) as exc:
         sock.close()
         raise RtmlSystemError(f"handshake with {address} failed: {exc}") from exc
-    conn = Connection(reactor, sock, handler, on_close, name=address, batched=batched)
+    conn = connection_for(reactor, sock, handler, on_close, name=address, batched=batched)
     reactor.add(conn)
     return conn, reply

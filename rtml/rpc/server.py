@@ -4,6 +4,9 @@
         -> HelloReply(proof)   (rtml.rpc.auth: both sides prove they hold the token)
     peer --frames--------> FramedProtocol --decode------> on_message(conn, msg)
 
+A TCP listener with TLS (``rtml.rpc.tls``) says so in its Challenge and upgrades the
+connection (``loop.start_tls``) before the Hello, whose proof binds its certificate.
+
 A bad first frame, a wrong token, an oversized or undecodable frame closes
 that one connection with a logged reason; the daemon keeps serving. Before it proves the
 token a connection gets HELLO_TIMEOUT seconds and HELLO_MAX_FRAME bytes, and a listener
@@ -26,6 +29,7 @@ from rtml.rpc import messages as m
 from rtml.rpc.admission import HELLO_TIMEOUT, Admissions, RefusalLog
 from rtml.rpc.auth import HELLO_MAX_FRAME, challenge, check_hello, sign
 from rtml.rpc.framing import MAX_FRAME, FrameDecoder, frame
+from rtml.rpc.tls import ServerTls
 
 log = logging.getLogger(__name__)
 
@@ -76,14 +80,20 @@ class FramedProtocol(asyncio.BufferedProtocol):
     """asyncio protocol: authenticate the first frame, then dispatch messages."""
 
     def __init__(self, service: Service, pending: Admissions[FramedProtocol],
-                 refusals: RefusalLog) -> None:
+                 refusals: RefusalLog, tls: ServerTls | None = None) -> None:
         self.service = service
         self.pending = pending
         self.refusals = refusals
+        self.tls = tls
+        self.binding = tls.binding if tls is not None else b""
         self.decoder = FrameDecoder(max_frame=HELLO_MAX_FRAME)
         self.peer: Peer | None = None
-        self.challenge = challenge()
+        self.challenge = challenge(tls is not None)
         self.deadline: asyncio.TimerHandle | None = None
+        self.upgrading: asyncio.Task[None] | None = None
+        self.early: bytearray | None = bytearray() if tls is not None else None
+        """What TLS delivered before ``start_tls`` returned the transport to answer on
+        (the Hello can come with the handshake's last flight): read once it has."""
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return _RECV_BUFFER
@@ -101,8 +111,30 @@ class FramedProtocol(asyncio.BufferedProtocol):
             displaced.peer.close()
             self.refusals.refused(f"closed the oldest connection still proving the token, "
                                   f"for a new one from {host}")
-        self.deadline = asyncio.get_running_loop().call_later(HELLO_TIMEOUT, self._too_slow)
+        loop = asyncio.get_running_loop()
+        self.deadline = loop.call_later(HELLO_TIMEOUT, self._too_slow)
         self.peer.send(self.challenge)
+        if self.tls is not None:
+            transport.pause_reading()  # nothing is read in plain text after the Challenge
+            self.upgrading = loop.create_task(self._upgrade(transport, self.tls))
+
+    async def _upgrade(self, transport: asyncio.Transport, tls: ServerTls) -> None:
+        """TLS from here on (the connector starts it once it has read the Challenge)."""
+        try:
+            wrapped = await asyncio.get_running_loop().start_tls(
+                transport, self, tls.context, server_side=True,
+                ssl_handshake_timeout=HELLO_TIMEOUT)
+        except (TimeoutError, OSError, ConnectionError) as exc:
+            self.refusals.refused(f"TLS handshake failed: {exc}")
+            transport.close()
+            return
+        peer = self.peer
+        if peer is None or wrapped is None:
+            return
+        peer.transport = wrapped
+        early, self.early = self.early, None
+        if early:
+            self.data_received(bytes(early))
 
     def _too_slow(self) -> None:
         peer = self.peer
@@ -113,6 +145,9 @@ class FramedProtocol(asyncio.BufferedProtocol):
     def data_received(self, data: bytes | memoryview) -> None:
         peer = self.peer
         assert peer is not None
+        if self.early is not None:  # TLS is on, its transport not ours yet: keep it
+            self.early += data
+            return
         try:
             for payload in self.decoder.feed(data):
                 if peer.closed:
@@ -137,12 +172,13 @@ class FramedProtocol(asyncio.BufferedProtocol):
             log.exception("handling %s failed", type(msg).__name__)
 
     def _authenticate(self, peer: Peer, msg: object) -> None:
-        hello = check_hello(msg, self.service.token, self.challenge)
+        hello = check_hello(msg, self.service.token, self.challenge, self.binding)
         self._settled()
         reply = self.service.on_hello(peer, hello)
         peer.hello = hello
         self.decoder.max_frame = MAX_FRAME
-        peer.send(sign(reply, self.service.token, hello, self.challenge) if reply.ok else reply)
+        peer.send(sign(reply, self.service.token, hello, self.challenge, self.binding)
+                  if reply.ok else reply)
         if not reply.ok:
             peer.close()
 
@@ -165,8 +201,10 @@ class FramedProtocol(asyncio.BufferedProtocol):
                 log.exception("cleaning up after a disconnect failed")
 
 
-def protocol_factory(service: Service) -> Callable[[], FramedProtocol]:
-    """The protocols of one listener of ``service`` (its own caps on pending connections)."""
+def protocol_factory(service: Service, tls: ServerTls | None = None
+                     ) -> Callable[[], FramedProtocol]:
+    """The protocols of one listener of ``service`` (its own caps on pending connections);
+    ``tls``: a TCP listener's TLS, if the cluster uses it."""
     pending: Admissions[FramedProtocol] = Admissions(MAX_PENDING, MAX_PENDING_PER_PEER)
     refusals = RefusalLog(log, type(service).__name__)
-    return lambda: FramedProtocol(service, pending, refusals)
+    return lambda: FramedProtocol(service, pending, refusals, tls)

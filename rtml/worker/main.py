@@ -20,8 +20,11 @@ import logging
 import os
 import socket
 import sys
+import threading
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from rtml import api
 from rtml.config import WorkerConfig
@@ -31,8 +34,9 @@ from rtml.exceptions import ProtocolError, RuntimeEnvSetupError
 from rtml.rpc import messages as m
 from rtml.rpc.admission import HELLO_TIMEOUT, Admissions, RefusalLog
 from rtml.rpc.auth import HELLO_MAX_FRAME, challenge, check_hello, sign
-from rtml.rpc.framing import frame
-from rtml.rpc.reactor import Connection, Reactor
+from rtml.rpc.framing import FrameDecoder, frame
+from rtml.rpc.reactor import Connection, Reactor, connection_for
+from rtml.rpc.tls import ServerTls, listener_tls
 from rtml.session import Session
 from rtml.worker import runtime_env as worker_env
 from rtml.worker.executor import Executor
@@ -54,17 +58,23 @@ class TaskServer:
     frame is in flight while the socket changes hands.)
     """
 
-    def __init__(self, rt: ClientRuntime, executor: Executor, reactor: Reactor) -> None:
+    def __init__(self, rt: ClientRuntime, executor: Executor, reactor: Reactor,
+                 tls: ServerTls | None = None) -> None:
         self.rt = rt
         self.executor = executor
         self.reactor = reactor
+        self.tls = tls
         self.pending: Admissions[Connection] = Admissions(MAX_PENDING, MAX_PENDING)
+        self.tls_pending = threading.BoundedSemaphore(MAX_PENDING)
         self.refusals = RefusalLog(log, "this worker")
 
     def accept(self, sock: socket.socket) -> None:
         """A new connection (on the runtime's I/O thread): counted in, with its deadline."""
         if sock.family != socket.AF_UNIX:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.tls is not None:
+                self._accept_tls(sock, self.tls)
+                return
         sent = challenge()
         conn = Connection(self.rt.reactor, sock,
                           lambda conn, msg: self._on_first(conn, msg, sent), name="owner")
@@ -83,11 +93,53 @@ class TaskServer:
             self.refusals.refused(f"no Hello within {HELLO_TIMEOUT:g} s")
             conn.close()
 
+    def _accept_tls(self, sock: socket.socket, tls: ServerTls) -> None:
+        """A TCP connection to a worker of a TLS cluster: its handshake (Challenge, TLS,
+        Hello) runs blocking on a thread of its own, at most MAX_PENDING at a time, each
+        cut off at HELLO_TIMEOUT; the proven socket comes back to the I/O thread."""
+        if not self.tls_pending.acquire(blocking=False):
+            self.refusals.refused("too many connections still proving the token")
+            sock.close()
+            return
+        holder = [sock]  # the socket the handshake is on (TLS wraps it)
+        done = threading.Event()
+
+        def cut() -> None:  # a handshake still blocked at its deadline ends there
+            if not done.is_set():
+                _shut(holder[0])
+
+        self.rt.reactor.call_later(HELLO_TIMEOUT, cut)
+        threading.Thread(target=self._tls_handshake, args=(holder, done, tls), daemon=True,
+                         name="rtml-tls-accept").start()
+
+    def _tls_handshake(self, holder: list[socket.socket], done: threading.Event,
+                       tls: ServerTls) -> None:
+        sent = challenge(tls=True)
+        try:
+            holder[0].settimeout(HELLO_TIMEOUT)
+            holder[0].sendall(frame(m.encode(sent)))
+            holder[0] = tls.context.wrap_socket(holder[0], server_side=True)
+            msg = _first_frame(holder[0], FrameDecoder(max_frame=HELLO_MAX_FRAME))
+        except (OSError, ProtocolError, msgspec.DecodeError, ValueError) as exc:
+            self.refusals.refused(f"TLS handshake failed: {exc}")
+            holder[0].close()
+            return
+        finally:
+            done.set()
+            self.tls_pending.release()
+        self.rt.reactor.call_soon(self._admit, holder[0], msg, sent, tls.binding, b"")
+
     def _on_first(self, conn: Connection, msg: Any, sent: m.Challenge) -> None:
         self.pending.leave(conn)
         sock, unread = conn.detach()
+        self._admit(sock, msg, sent, b"", unread)
+
+    def _admit(self, sock: socket.socket, msg: Any, sent: m.Challenge, binding: bytes,
+               unread: bytes) -> None:
+        """(On the runtime's I/O thread.) Admit an owner whose first frame is ``msg``, or
+        refuse it saying why."""
         try:
-            hello = check_hello(msg, self.rt.token, sent)
+            hello = check_hello(msg, self.rt.token, sent, binding)
             if unread:
                 raise ProtocolError("frames after Hello before its reply")
         except ProtocolError as exc:
@@ -102,9 +154,9 @@ class TaskServer:
                 sys.path.insert(self.executor.front, path)  # (behind its runtime env's)
             if path not in self.rt.sys_paths:
                 self.rt.sys_paths.append(path)
-        owner = Connection(self.reactor, sock, self._on_message, name="owner")
+        owner = connection_for(self.reactor, sock, self._on_message, name="owner")
         owner.send(sign(m.HelloReply(ok=True, node_id=self.rt.node_id), self.rt.token, hello,
-                        sent))
+                        sent, binding))
         self.reactor.add(owner)
 
     def _on_message(self, conn: Connection, msg: Any) -> None:
@@ -116,6 +168,22 @@ class TaskServer:
             self.executor.define(msg.function_id, msg.blob)
         else:
             log.warning("unexpected %s from an owner", type(msg).__name__)
+
+
+def _first_frame(sock: socket.socket, decoder: FrameDecoder) -> Any:
+    """The first frame a blocking socket brings, decoded (before the peer is known)."""
+    while True:
+        data = sock.recv(HELLO_MAX_FRAME)
+        if not data:
+            raise ProtocolError("the peer closed the connection before its Hello")
+        frames = decoder.feed(data)
+        if frames:
+            return m.decode(frames[0])
+
+
+def _shut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 class NodeOrders:
@@ -178,7 +246,7 @@ def main(argv: list[str]) -> int:
     listener.listen(128)
     tcp_listener = socket.create_server((cfg.node_ip, 0), backlog=128)
     host, port = tcp_listener.getsockname()[:2]
-    server = TaskServer(rt, executor, server_reactor)
+    server = TaskServer(rt, executor, server_reactor, listener_tls(cfg.tls_cert, cfg.tls_key))
     rt.reactor.listen(listener, server.accept)
     rt.reactor.listen(tcp_listener, server.accept)
     rt.nm.send(m.WorkerListening(f"unix:{path}", f"{host}:{port}"))

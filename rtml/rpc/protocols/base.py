@@ -40,7 +40,7 @@ from rtml.ids import (
     TaskID,
 )
 
-PROTOCOL_VERSION = 10
+PROTOCOL_VERSION = 11
 
 STREAMING: Final = -1
 """``TaskSpec.num_returns`` of a generator task: its items stream to the owner as
@@ -52,9 +52,11 @@ class Msg(msgspec.Struct, array_like=True, tag=True, omit_defaults=False, gc=Fal
 
 
 class Challenge(Msg, tag=3):
-    """The listening side's first frame: its protocol version and a fresh nonce."""
+    """The listening side's first frame: its protocol version, a fresh nonce, and whether
+    TLS follows (``rtml.rpc.tls``)."""
     version: int
     nonce: bytes
+    tls: bool = False
 
 
 class Hello(Msg, tag=1):

@@ -49,6 +49,7 @@ class RegisterNode(Msg, tag=50):
     resources: dict[str, float]
     session_dir: str
     transfer_address: str = ""  # gRPC object transfer; sent later by NodeTransferReady
+    tls_cert: bytes = b""  # its TLS certificate (PEM), which pulls from it trust; b"": none
     rejoin: bool = False  # the head it registered with went away; this one took over
     actors: list[HostedActor] = []  # on rejoin: every actor it runs or is starting
     groups: list[PlacementGroupID] = []  # on rejoin: the placement groups it holds bundles of
@@ -64,6 +65,7 @@ class NodeEntry(msgspec.Struct, array_like=True, gc=False):
     address: str
     transfer_address: str
     alive: bool
+    tls_cert: bytes = b""  # the certificate its transfer server shows (PEM); b"": no TLS
 
 
 class NodeTable(Msg, tag=65):

@@ -1,0 +1,120 @@
+"""Optional TLS on the TCP listeners, authenticated by the cluster token, not a CA.
+
+    listener --Challenge(version, nonce S, tls=True)--> connector     (plain text)
+    <==================== TLS handshake ======================>      the listener's cert
+    listener <--Hello(nonce C, proof = HMAC(token, client, S, C, B))--   (inside TLS)
+    listener --HelloReply(proof = HMAC(token, server, C, S, B))-->
+
+``B`` is the channel binding of RFC 5929 (``tls-server-end-point``): the SHA-256 of the
+listener's certificate as each side saw it. Certificates are self-signed and nobody
+checks them against a CA; the proofs do the work. A man in the middle who ends TLS with
+a certificate of its own shows the connector another ``B`` than the listener's, so
+neither side's proof checks at the other, and one who strips ``tls=True`` from the
+Challenge leaves the connector proving ``B = b""`` to a listener that checks its own
+certificate's hash: both refused. So a node needs no CA and nothing pinned by hand: the
+token it already holds authenticates every listener's certificate.
+
+Unix sockets stay plain (they never leave the machine, and their directory is the
+user's own). A listener's certificate and key: given (``--tls-cert/--tls-key``), or
+made by :func:`make_certificate` in the node's session directory, mode 0600.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import os
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+
+from rtml.exceptions import ProtocolError
+
+CERT_NAME = "rtml-node"
+"""The certificates' subject and only DNS name (gRPC checks a name: it is told this one)."""
+
+
+@dataclass(frozen=True)
+class ServerTls:
+    """A listener's TLS: its context and the channel binding its certificate gives."""
+
+    context: ssl.SSLContext
+    binding: bytes
+    cert_pem: bytes
+
+
+def server_tls(cert_path: str, key_path: str) -> ServerTls:
+    """The TLS of a listener with this certificate and key. Raises ValueError naming
+    the file that is missing or not a PEM certificate/key pair."""
+    for path in (cert_path, key_path):
+        if not os.path.isfile(path):
+            raise ValueError(f"TLS file {path} does not exist; pass --tls-cert and "
+                             f"--tls-key (PEM files), or --tls alone to make them")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(cert_path, key_path)
+    except ssl.SSLError as exc:
+        raise ValueError(f"{cert_path} and {key_path} are not a PEM certificate and its "
+                         f"private key: {exc}") from None
+    pem = Path(cert_path).read_bytes()
+    return ServerTls(context, binding_of(ssl.PEM_cert_to_DER_cert(pem.decode())), pem)
+
+
+def listener_tls(cert_path: str, key_path: str) -> ServerTls | None:
+    """A TCP listener's TLS from its config's paths; None where they are "" (plain)."""
+    return server_tls(cert_path, key_path) if cert_path else None
+
+
+def client_context() -> ssl.SSLContext:
+    """The connector's context: any certificate is taken, since the handshake's proofs
+    bind the one seen (module docstring); TLS 1.2 at least."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    return context
+
+
+def binding_of(der: bytes | None) -> bytes:
+    """The channel binding of a certificate (DER): its SHA-256."""
+    if not der:
+        raise ProtocolError("the TLS peer showed no certificate")
+    return hashlib.sha256(der).digest()
+
+
+def make_certificate(directory: str) -> tuple[str, str]:
+    """A new self-signed certificate and key (EC P-256, ten years) in ``directory``
+    (``tls.crt``, ``tls.key``: 0600); returns their paths. Reuses a pair made before."""
+    cert_path = os.path.join(directory, "tls.crt")
+    key_path = os.path.join(directory, "tls.key")
+    if os.path.isfile(cert_path) and os.path.isfile(key_path):
+        return cert_path, key_path
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, CERT_NAME)])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=3650))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(CERT_NAME)]),
+                           critical=False)
+            .sign(key, hashes.SHA256()))
+    _write_private(key_path, key.private_bytes(serialization.Encoding.PEM,
+                                               serialization.PrivateFormat.PKCS8,
+                                               serialization.NoEncryption()))
+    _write_private(cert_path, cert.public_bytes(serialization.Encoding.PEM))
+    return cert_path, key_path
+
+
+def _write_private(path: str, data: bytes) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+    os.replace(tmp, path)

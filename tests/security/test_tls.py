@@ -1,0 +1,212 @@
+"""Optional TLS on the TCP listeners (issue 17): a cluster of two real nodes started with
+``--tls`` runs tasks, actor calls and object pulls across them; what crosses its TCP
+connections is not plain text; a man in the middle who ends TLS with a certificate of
+his own, or strips TLS from the Challenge, is refused by the token proofs that bind the
+listener's certificate; a node cannot join without matching the head's TLS."""
+
+from __future__ import annotations
+
+import json
+import socket
+import ssl
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from rtml.exceptions import ProtocolError
+from rtml.ids import random_id
+from rtml.rpc import messages as m
+from rtml.rpc.client import connect_socket, handshake, make_hello
+from rtml.rpc.framing import FrameDecoder, frame
+from rtml.rpc.tls import client_context, make_certificate, server_tls
+from tests.integration.test_cli import CLI_TIMEOUT, Head, _env, _free_port, _stop, rtml
+
+DRIVER = """
+import numpy as np
+import rtml
+rtml.init(address="auto")
+
+@rtml.remote(resources={"far": 1})
+def far(array):
+    return rtml.get_runtime_context().get_node_id(), int(array.sum()), np.ones(3_000_000)
+
+@rtml.remote(resources={"far": 1})
+class Counter:
+    def __init__(self):
+        self.n = 0
+    def add(self, k):
+        self.n += k
+        return self.n
+
+big = rtml.put(np.arange(2_000_000, dtype=np.int64))      # 16 MB, made on the head node
+small = rtml.put(np.arange(20_000, dtype=np.int64))       # 160 KB: shared memory, no stream
+node, total, back = rtml.get(far.remote(big))
+_, small_total, _ = rtml.get(far.remote(small))
+counter = Counter.remote()
+calls = rtml.get([counter.add.remote(k) for k in range(1, 11)])
+print(node, total, small_total, int(back.sum()), calls[-1], flush=True)
+print(" ".join(n["NodeManagerAddress"] for n in rtml.nodes()), flush=True)
+"""
+
+
+@dataclass
+class TlsCluster:
+    head: Head
+    node_dir: Path
+    node_id: str
+
+
+@pytest.fixture
+def tls_cluster(tmp_path: Path) -> Iterator[TlsCluster]:
+    session_dir = tmp_path / "head"
+    started = rtml("start", "--head", "--tls", "--port", str(_free_port()), "--num-cpus", "1",
+                   "--session-dir", str(session_dir), cwd=tmp_path)
+    try:
+        assert started.returncode == 0, started.stderr
+        values = dict(line.split("=", 1) for line in started.stdout.splitlines()
+                      if line.startswith(("RTML_ADDRESS=", "RTML_TOKEN=")))
+        head = Head(session_dir, tmp_path, values["RTML_ADDRESS"], values["RTML_TOKEN"],
+                    started.stdout)
+        assert "--tls" in started.stdout  # the join hint carries it
+        node_dir = tmp_path / "node"
+        joined = rtml("start", "--address", head.address, "--tls", "--num-cpus", "2",
+                      "--resources", '{"far": 2}', "--session-dir", str(node_dir),
+                      cwd=tmp_path, env=_env(RTML_TOKEN=head.token))
+        try:
+            assert joined.returncode == 0, joined.stderr
+            record = json.loads((node_dir / "session.json").read_text())
+            yield TlsCluster(head, node_dir, record["node_id"])
+        finally:
+            _stop(node_dir, tmp_path)
+    finally:
+        _stop(session_dir, tmp_path)
+
+
+def _first_frame(sock: socket.socket) -> m.Msg:
+    decoder = FrameDecoder()
+    while True:
+        data = sock.recv(65536)
+        assert data, "closed before its first frame"
+        frames = decoder.feed(data)
+        if frames:
+            return m.decode(frames[0])
+
+
+def test_a_tls_cluster_runs_tasks_actors_and_pulls_across_nodes(tls_cluster) -> None:
+    head = tls_cluster.head
+    driver = head.driver(DRIVER)
+    out, err = driver.communicate(timeout=CLI_TIMEOUT)
+    assert driver.returncode == 0, err
+    results, addresses = out.splitlines()
+    node, total, small_total, back, last = results.split()
+    assert node == tls_cluster.node_id  # it ran on the other node, which pulled `big`
+    assert int(total) == sum(range(2_000_000)) and int(small_total) == sum(range(20_000))
+    assert int(back) == 3_000_000  # its 24 MB result came back over TLS too
+    assert int(last) == sum(range(1, 11))  # actor calls, driver -> worker on the far node
+    assert len(addresses.split()) == 2
+    for address in (head.address, *addresses.split()):
+        with connect_socket(address) as sock:  # each TCP listener announces TLS
+            challenge = _first_frame(sock)
+            assert isinstance(challenge, m.Challenge) and challenge.tls
+
+
+class Relay:
+    """A man in the middle between a client and ``upstream``: ``mode`` "relay" passes the
+    bytes as they are (recording them), "terminate" ends TLS with its own certificate on
+    each side, "strip" tells the client no TLS follows and speaks TLS upstream itself."""
+
+    def __init__(self, upstream: str, mode: str, cert_dir: Path) -> None:
+        self.upstream, self.mode = upstream, mode
+        cert_dir.mkdir()
+        self.own_tls = server_tls(*make_certificate(str(cert_dir)))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.seen = bytearray()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        client, _ = self.listener.accept()
+        server = connect_socket(self.upstream)
+        challenge = _first_frame(server)
+        assert isinstance(challenge, m.Challenge)
+        if self.mode == "relay":
+            client.sendall(frame(m.encode(challenge)))
+            self.seen += frame(m.encode(challenge))
+        elif self.mode == "terminate":
+            client.sendall(frame(m.encode(challenge)))
+            client = self.own_tls.context.wrap_socket(client, server_side=True)
+            server = client_context().wrap_socket(server)
+        else:
+            client.sendall(frame(m.encode(m.Challenge(challenge.version, challenge.nonce,
+                                                      False))))
+            server = client_context().wrap_socket(server)
+        threading.Thread(target=self._pipe, args=(client, server), daemon=True).start()
+        self._pipe(server, client)
+
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                self.seen += data
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, sink):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def _hello() -> m.Hello:
+    return make_hello("cli", random_id())
+
+
+def test_what_crosses_a_tls_connection_is_not_plain_text(tls_cluster, tmp_path) -> None:
+    relay = Relay(tls_cluster.head.address, "relay", tmp_path / "relay")
+    marker = "a-name-only-this-test-says-" + random_id().hex()
+    try:
+        with connect_socket(relay.address) as plain:
+            sock, reply = handshake(plain, tls_cluster.head.token, _hello())
+            assert reply.ok and isinstance(sock, ssl.SSLSocket)
+            sock.sendall(frame(m.encode(m.GetActorInfo(7, b"", name=marker))))
+            answer = _first_frame(sock)
+            assert isinstance(answer, m.ActorInfo) and answer.req_id == 7
+            sock.close()
+    finally:
+        relay.close()
+    assert len(relay.seen) > 200  # the handshake and the request went through it
+    assert marker.encode() not in relay.seen and b"cli" not in relay.seen[40:]
+
+
+@pytest.mark.parametrize("mode", ["terminate", "strip"])
+def test_a_man_in_the_middle_is_refused(tls_cluster, tmp_path, mode) -> None:
+    relay = Relay(tls_cluster.head.address, mode, tmp_path / "mitm")
+    try:
+        with connect_socket(relay.address) as plain, pytest.raises(ProtocolError) as refused:
+            handshake(plain, tls_cluster.head.token, _hello())
+    finally:
+        relay.close()
+    # The head finds the client's proof bound to another certificate (or to none) and
+    # refuses (or, on a loaded machine, its deadline for the Hello passes first): the man
+    # in the middle never sees a reply that would admit him.
+    assert ("another certificate" in str(refused.value)
+            or "closed the connection" in str(refused.value)), refused.value
+
+
+def test_a_node_must_match_the_heads_tls(tls_cluster, tmp_path) -> None:
+    head = tls_cluster.head
+    plain = rtml("start", "--address", head.address, "--num-cpus", "1", "--session-dir",
+                 str(tmp_path / "plain"), cwd=tmp_path, env=_env(RTML_TOKEN=head.token))
+    assert plain.returncode != 0 and "uses TLS: start this node with --tls" in plain.stderr
+    half = rtml("start", "--address", head.address, "--tls", "--tls-cert", "x.pem",
+                "--session-dir", str(tmp_path / "half"), cwd=tmp_path,
+                env=_env(RTML_TOKEN=head.token))
+    assert half.returncode != 0 and "both --tls-cert and --tls-key" in half.stderr
+    assert not (tmp_path / "plain" / "session.json").exists()
