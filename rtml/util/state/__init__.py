@@ -53,7 +53,8 @@ What rtml does not record, and so leaves out or fills as noted:
 
 from __future__ import annotations
 
-from rtml.util.state import common
+from rtml.state import common
+from rtml.state.common import ActorState, JobState, NodeState, ObjectState, TaskState
 from rtml.util.state.api import (
     get_actor,
     get_node,
@@ -67,7 +68,6 @@ from rtml.util.state.api import (
     summarize_objects,
     summarize_tasks,
 )
-from rtml.util.state.common import ActorState, JobState, NodeState, ObjectState, TaskState
 
 __all__ = [
     "ActorState",
