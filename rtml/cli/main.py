@@ -116,6 +116,12 @@ def _add_start(sub: Any) -> None:
     start.add_argument("--redis-address", default=None, metavar="URL",
                        help="--head: use your own Redis, redis://[USER:PASSWORD@]HOST:PORT, "
                             "instead of starting one (rtml then never stops or restarts it)")
+    start.add_argument("--dashboard-port", type=int, default=None, metavar="PORT",
+                       help="--head: the web dashboard's port (default 8265, or a free one "
+                            "if that is taken; 0: no dashboard)")
+    start.add_argument("--dashboard-host", default="127.0.0.1", metavar="IP",
+                       help="--head: the address the dashboard listens on (default "
+                            "127.0.0.1: this machine only; 0.0.0.0: every address)")
     start.add_argument("--block", action="store_true",
                        help="stay in the foreground; stop everything on Ctrl-C / SIGTERM")
     add_session_dir(start)

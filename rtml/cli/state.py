@@ -89,7 +89,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.limit < 0:
         raise CliError(f"--limit must be 0 or more, got {args.limit}")
     with _reader(args) as (reader, _):
-        rows = reader.list(args.kind, filters, args.limit, args.detail)
+        rows = reader.listing(args.kind, filters, args.limit, args.detail)
     if args.format == "json":
         _print_json([row.asdict() for row in rows])
     elif rows:

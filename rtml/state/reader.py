@@ -7,7 +7,7 @@ dashboard's JSON API, so that all three show the same rows.
     ControlPlane (Redis) --list_tasks / task_history / list_actors / list_objects /
                            list_nodes / list_jobs / list_submissions-->
         records.* (Ray's names and states) --> StateReader
-            .list(kind, filters, limit, detail)   rows, cut as common.select cuts them
+            .listing(kind, filters, limit, detail) rows, cut as common.select cuts them
             .task(id) / .actor(id)                one, every column, and its attempts
             .summarize(kind) / .memory()          counts / objects by owner
             .cluster()                            nodes, used/total, store, pending demand
@@ -88,7 +88,7 @@ class StateReader:
 
     # -- listing --------------------------------------------------------------------------
 
-    def list(self, kind: str, filters: Sequence[Filter] | None = None,
+    def listing(self, kind: str, filters: Sequence[Filter] | None = None,
              limit: int = DEFAULT_LIMIT, detail: bool = False) -> list[Any]:
         """The rows of ``kind`` (one of KINDS) every filter holds for, sorted by id, the
         first ``limit``. Raises ValueError naming what is allowed for an unknown kind,

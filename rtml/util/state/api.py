@@ -61,7 +61,7 @@ def list_tasks(address: str | None = None, filters: Filters = None,
     """Tasks and actor calls of every job, by task id: the first ``limit`` that every
     filter holds for. Raises ValueError for a filter that is not
     ``(column, "=" | "!=", value)`` over a filterable column of TaskState."""
-    return _reader(tasks=True).list("tasks", filters, limit, detail)
+    return _reader(tasks=True).listing("tasks", filters, limit, detail)
 
 
 def list_actors(address: str | None = None, filters: Filters = None,
@@ -69,7 +69,7 @@ def list_actors(address: str | None = None, filters: Filters = None,
                 detail: bool = False, raise_on_missing_output: bool = True,
                 _explain: bool = False) -> list[ActorState]:
     """Actors, alive or dead, by actor id (filters as ``list_tasks``')."""
-    return _reader().list("actors", filters, limit, detail)
+    return _reader().listing("actors", filters, limit, detail)
 
 
 def list_objects(address: str | None = None, filters: Filters = None,
@@ -79,7 +79,7 @@ def list_objects(address: str | None = None, filters: Filters = None,
     """Objects in the nodes' shared-memory stores (or spilled from them), by object id
     (filters as ``list_tasks``'). Small values kept in their owner's memory are not
     listed; a node records its store's objects each heartbeat (0.5 s)."""
-    return _reader().list("objects", filters, limit, detail)
+    return _reader().listing("objects", filters, limit, detail)
 
 
 def list_nodes(address: str | None = None, filters: Filters = None,
@@ -87,7 +87,7 @@ def list_nodes(address: str | None = None, filters: Filters = None,
                detail: bool = False, raise_on_missing_output: bool = True,
                _explain: bool = False) -> list[NodeState]:
     """Nodes, alive and dead, by node id (filters as ``list_tasks``')."""
-    return _reader().list("nodes", filters, limit, detail)
+    return _reader().listing("nodes", filters, limit, detail)
 
 
 def list_jobs(address: str | None = None, filters: Filters = None,
@@ -95,7 +95,7 @@ def list_jobs(address: str | None = None, filters: Filters = None,
               detail: bool = False, raise_on_missing_output: bool = True,
               _explain: bool = False) -> list[JobState]:
     """Jobs (drivers), running and ended, by job id (filters as ``list_tasks``')."""
-    return _reader().list("jobs", filters, limit, detail)
+    return _reader().listing("jobs", filters, limit, detail)
 
 
 # -- get -----------------------------------------------------------------------------------
