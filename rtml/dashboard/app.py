@@ -45,8 +45,9 @@ FOLLOW_WAIT_MAX = 25.0
 """Seconds a log follower's read may wait for more (under proxies' idle timeouts)."""
 _FOLLOW_CHECK = 0.25  # seconds between looks at a followed file's size
 _HEADERS = {"X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff",
-            "Referrer-Policy": "no-referrer", "Cache-Control": "no-store",
+            "Referrer-Policy": "same-origin", "Cache-Control": "no-store",
             "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
+                                       "style-src 'self' 'unsafe-inline'; "
                                        "frame-ancestors 'none'; form-action 'self'"}
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
