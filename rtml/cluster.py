@@ -229,7 +229,8 @@ class DaemonKeeper:
         try:
             await_ready(launched, self.session)
         except RtmlSystemError as exc:
-            log.error("the %s did not start: %s", self.title, exc)
+            if not self.stopping.is_set():  # (else it was stopped while starting)
+                log.error("the %s did not start: %s", self.title, exc)
 
     def stop(self) -> None:
         self.stopping.set()
