@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import html
 import json
 import logging
 import os
@@ -17,7 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from rtml import cluster
-from rtml.config import JOB_RUNTIME_ENV, NodeConfig, default_object_store_memory
+from rtml.config import (
+    DEFAULT_DASHBOARD_PORT,
+    JOB_RUNTIME_ENV,
+    DashboardConfig,
+    NodeConfig,
+    default_object_store_memory,
+)
+from rtml.control_plane import ControlPlane
 from rtml.core import context, current
 from rtml.core import runtime_env as envs
 from rtml.core.actors import ActorClass, ActorHandle, handle_of
@@ -29,6 +37,7 @@ from rtml.core.progress import progress_label
 from rtml.core.remote_function import RemoteFunction
 from rtml.core.runtime import ClientConfig, ClientRuntime
 from rtml.core.runtime_context import RuntimeContext, gpu_ids
+from rtml.exceptions import RtmlSystemError
 from rtml.ids import NO_ACTOR, new_job_id
 from rtml.rpc import messages as m
 from rtml.scheduler.resources import bad_amount
@@ -44,10 +53,21 @@ _ID = attrgetter("id")  # an ObjectRef's id, at C speed over many refs
 
 class InitContext(Mapping[str, str]):
     """What ``init`` returns: ``address_info`` names the cluster joined, and the context
-    reads as that dict (``ctx["node_id"]``, ``ctx["address"]``), as Ray's."""
+    reads as that dict (``ctx["node_id"]``, ``ctx["address"]``), as Ray's;
+    ``dashboard_url`` ("" if the cluster runs none) also shows in a notebook."""
 
     def __init__(self, address_info: dict[str, str]) -> None:
         self.address_info = address_info
+        self.dashboard_url = address_info.get("dashboard_url", "")
+
+    def __repr__(self) -> str:
+        return f"InitContext({self.address_info!r})"
+
+    def _repr_html_(self) -> str:
+        url = html.escape(self.dashboard_url)
+        link = f'<a href="{url}" target="_blank">{url}</a>' if url else "none"
+        return (f"<b>rtml</b> cluster at {html.escape(self.address_info['address'])}; "
+                f"dashboard: {link}")
 
     def __getitem__(self, key: str) -> str:
         return self.address_info[key]
@@ -77,9 +97,15 @@ def init(address: str | None = None, *, num_cpus: float | None = None,
          log_to_driver: bool = True, token: str | None = None,
          ignore_reinit_error: bool = False, runtime_env: dict[str, Any] | None = None,
          job_config: JobConfig | None = None,
+         include_dashboard: bool | None = None, dashboard_host: str = "127.0.0.1",
+         dashboard_port: int | None = None,
          _prestart_workers: int = -1, _node_id: str = "",
          _node_timeout_s: float | None = None) -> InitContext:
     """Connect to a cluster, starting an embedded one when no address is given.
+
+    An embedded cluster runs the dashboard (unless ``include_dashboard=False``) on
+    ``dashboard_host``:``dashboard_port``; given no port, on 8265 or, when that is
+    taken, a free one (a warning names it). The result's ``dashboard_url`` says where.
 
     ``runtime_env``: the job's runtime environment (``rtml.core.runtime_env``), under
     every task's and actor's own; checked and packaged before anything starts (raises
@@ -120,8 +146,12 @@ def init(address: str | None = None, *, num_cpus: float | None = None,
                               num_gpus or 0.0, resources or {},
                               object_store_memory or default_object_store_memory(),
                               prestart_workers=_prestart_workers)
+            dashboard = None if include_dashboard is False else DashboardConfig(
+                dashboard_host, DEFAULT_DASHBOARD_PORT if dashboard_port is None
+                else dashboard_port, any_port=dashboard_port is None)
             _embedded = cluster.start_head_node(session, token, node, die_with_parent=True,
-                                                node_timeout=_node_timeout_s)
+                                                node_timeout=_node_timeout_s,
+                                                dashboard=dashboard)
             head_address, nm_address = _embedded.head_address, _embedded.nm_address
         else:
             session, head_address, nm_address, token = _join_info(address, token, _node_id)
@@ -133,11 +163,23 @@ def init(address: str | None = None, *, num_cpus: float | None = None,
             _use_job_env(rt, job_env)
         current.set_runtime(rt)
         _defer_ctrl_c(rt)
+        url = _embedded.dashboard_url if address is None and _embedded is not None \
+            else _dashboard_of(rt.plane)
         _context = InitContext({"address": head_address, "gcs_address": head_address,
                                 "node_id": rt.node_id.hex(),
                                 "node_ip_address": rt.node_ip,
-                                "session_dir": str(session.root)})
+                                "session_dir": str(session.root),
+                                "dashboard_url": url, "webui_url": url})
         return _context
+
+
+def _dashboard_of(plane: ControlPlane) -> str:
+    """The URL of the joined cluster's dashboard; "" if it runs none, or Redis does not
+    answer now (joining needs no Redis)."""
+    try:
+        return plane.dashboard_url()
+    except RtmlSystemError:
+        return ""
 
 
 def _under_submitted_env(runtime_env: Any) -> Any:

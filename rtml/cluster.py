@@ -26,7 +26,14 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from rtml.config import DIE_WITH_PARENT_ENV, REDIS_PASSWORD_ENV, TOKEN_ENV, HeadConfig, NodeConfig
+from rtml.config import (
+    DIE_WITH_PARENT_ENV,
+    REDIS_PASSWORD_ENV,
+    TOKEN_ENV,
+    DashboardConfig,
+    HeadConfig,
+    NodeConfig,
+)
 from rtml.control_plane import (
     ControlPlane,
     RedisAddress,
@@ -64,11 +71,14 @@ class StartedNode:
     redis_address: RedisAddress | None = None  # the head's control plane
     supervisor: HeadSupervisor | None = None  # an embedded head's (a thread of ours)
     keeper: RedisKeeper | None = None  # an embedded head's Redis keeper (a thread of ours)
+    dashboard: DashboardKeeper | None = None  # an embedded head's (a thread of ours)
+    dashboard_url: str = ""  # "": none runs
 
     def pids(self) -> list[int]:
         pids = [p.pid for p in self.procs]
-        if self.supervisor is not None and self.supervisor.proc is not None:
-            pids.append(self.supervisor.proc.pid)
+        for keeper in (self.supervisor, self.dashboard):
+            if keeper is not None and keeper.proc is not None:
+                pids.append(keeper.proc.pid)
         if self.keeper is not None:
             pids.append(self.keeper.pid)
         elif self.redis is not None:
@@ -79,6 +89,8 @@ class StartedNode:
         """Stop the node manager first (it reaps workers), then the head, then Redis."""
         if self.keeper is not None:
             self.keeper.stopping.set()  # (Redis stopped below is not started again)
+        if self.dashboard is not None:
+            self.dashboard.stop()
         for proc in reversed(self.procs):
             _terminate(proc)
         if self.supervisor is not None:
@@ -159,13 +171,20 @@ def _read_line(fd: int, timeout: float) -> str:
     return data.decode().strip()
 
 
-class HeadSupervisor:
-    """Starts the head service, and starts it again each time it exits unasked."""
+class DaemonKeeper:
+    """Starts one of the head's daemons on a socket it holds, and starts it again each
+    time it exits unasked, on the same socket."""
+
+    module = ""
+    name = ""  # of its log files
+    title = ""  # in messages
+    fd_field = ""  # the HeadConfig field that gives the daemon the socket
 
     def __init__(self, session: Session, cfg: HeadConfig, listener: socket.socket,
                  die_with_parent: bool, own_group: bool = False) -> None:
         self.session = session
-        self.cfg = HeadConfig(**{**cfg.__dict__, "listen_fd": listener.fileno()})
+        self.cfg = HeadConfig(**{**cfg.__dict__, "listen_fd": -1, "dashboard_fd": -1,
+                                 self.fd_field: listener.fileno()})
         self.listener = listener
         self.die_with_parent = die_with_parent
         self.own_group = own_group
@@ -174,19 +193,24 @@ class HeadSupervisor:
         self._deaths: deque[float] = deque(maxlen=RESTART_BURST)
 
     def launch(self) -> Launched:
-        launched = launch_daemon("rtml.head.main", self.cfg.to_json(), self.session, "head",
+        launched = launch_daemon(self.module, self.cfg.to_json(), self.session, self.name,
                                  self.die_with_parent, self.cfg.token,
                                  pass_fds=(self.listener.fileno(),), own_group=self.own_group,
                                  redis_password=self.cfg.redis_password)
         self.proc = launched.proc
         return launched
 
-    def watch_in_thread(self) -> None:
-        threading.Thread(target=self.watch, name="rtml-head-supervisor", daemon=True).start()
+    def watch_in_thread(self, first: Launched | None = None) -> None:
+        """Watch from a thread of its own; ``first``: a launch whose readiness that thread
+        waits for first (so that its launcher need not)."""
+        threading.Thread(target=self.watch, args=(first,), name=f"rtml-{self.name}-keeper",
+                         daemon=True).start()
 
-    def watch(self) -> None:
-        """Block until stop(), starting the head again whenever it exits. Gives up (and
+    def watch(self, first: Launched | None = None) -> None:
+        """Block until stop(), starting the daemon again whenever it exits. Gives up (and
         returns) when it keeps dying: RESTART_BURST deaths within RESTART_WINDOW s."""
+        if first is not None:
+            self._await(first)
         while self.proc is not None:
             code = self.proc.wait()
             if self.stopping.is_set():
@@ -194,21 +218,63 @@ class HeadSupervisor:
             now = time.monotonic()
             self._deaths.append(now)
             if len(self._deaths) == RESTART_BURST and now - self._deaths[0] < RESTART_WINDOW:
-                log.error("the head service died %d times within %g s; not starting it "
-                          "again (see %s)", RESTART_BURST, RESTART_WINDOW,
-                          self.session.log_file("head"))
+                log.error("the %s died %d times within %g s; not starting it again (see %s)",
+                          self.title, RESTART_BURST, RESTART_WINDOW,
+                          self.session.log_file(self.name))
                 return
-            log.warning("the head service exited (code %s); starting it again", code)
-            try:
-                await_ready(self.launch(), self.session)
-            except RtmlSystemError as exc:
-                log.error("the head service did not start again: %s", exc)
+            log.warning("the %s exited (code %s); starting it again", self.title, code)
+            self._await(self.launch())
+
+    def _await(self, launched: Launched) -> None:
+        try:
+            await_ready(launched, self.session)
+        except RtmlSystemError as exc:
+            if not self.stopping.is_set():  # (else it was stopped while starting)
+                log.error("the %s did not start: %s", self.title, exc)
 
     def stop(self) -> None:
         self.stopping.set()
         if self.proc is not None:
             _terminate(self.proc)
         self.listener.close()
+
+
+class HeadSupervisor(DaemonKeeper):
+    """Keeps the head service running on the head's listening socket."""
+
+    module, name, title, fd_field = "rtml.head.main", "head", "head service", "listen_fd"
+
+
+class DashboardKeeper(DaemonKeeper):
+    """Keeps the dashboard (``rtml.dashboard.main``) running on its listening socket."""
+
+    module, name, title, fd_field = ("rtml.dashboard.main", "dashboard", "dashboard",
+                                     "dashboard_fd")
+
+
+def dashboard_url(sock: socket.socket) -> str:
+    """The address a browser opens for a dashboard listening on ``sock``."""
+    host, port = sock.getsockname()[:2]
+    if host in ("0.0.0.0", "::"):
+        host = socket.gethostname()
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def bind_dashboard(options: DashboardConfig) -> socket.socket:
+    """The dashboard's listening socket. A taken port is an RtmlSystemError naming the
+    flag, unless ``options.any_port``: then a free port, with a warning naming it."""
+    family = socket.AF_INET6 if ":" in options.host else socket.AF_INET
+    try:
+        return socket.create_server((options.host, options.port), family=family, backlog=128)
+    except OSError as exc:
+        if not options.any_port:
+            raise RtmlSystemError(f"the dashboard cannot listen on {options.host}:"
+                                  f"{options.port} ({exc.strerror}); pass another "
+                                  f"--dashboard-port, or 0 to run none") from None
+        sock = socket.create_server((options.host, 0), family=family, backlog=128)
+        log.warning("port %d is taken (%s); the dashboard listens on port %d instead",
+                    options.port, exc.strerror, sock.getsockname()[1])
+        return sock
 
 
 class RedisKeeper:
@@ -288,8 +354,10 @@ class RedisKeeper:
 def start_head_node(session: Session, token: str, node: NodeConfig, *, port: int = 0,
                     die_with_parent: bool, own_group: bool = False,
                     node_timeout: float | None = None,
-                    redis_address: RedisAddress | None = None) -> StartedNode:
-    """Start Redis, the head service and a node manager, all on ``node.node_ip``.
+                    redis_address: RedisAddress | None = None,
+                    dashboard: DashboardConfig | None = None) -> StartedNode:
+    """Start Redis, the head service and a node manager, all on ``node.node_ip``, and the
+    dashboard (``dashboard``: where; None: none).
     ``node_timeout``: seconds without a heartbeat before the head declares a node dead
     (default: ``RTML_NODE_TIMEOUT_S``, else 10). ``redis_address``: a Redis of the user's
     to use instead (none is started then; it is checked first).
@@ -306,14 +374,21 @@ def start_head_node(session: Session, token: str, node: NodeConfig, *, port: int
     session.create()
     session.write_token(token)
     host = node.node_ip
-    listener = _bind(host, port)
+    web = bind_dashboard(dashboard) if dashboard is not None else None
+    try:
+        listener = _bind(host, port)
+    except BaseException:
+        if web is not None:
+            web.close()
+        raise
     redis = None
     if redis_address is None:
         redis = start_redis(port=0, password=own_password(token), data_dir=str(session.redis),
                             bind=host, die_with_parent=die_with_parent)
         redis_address = RedisAddress(redis.host, redis.port)
     started = StartedNode(session, f"{host}:{listener.getsockname()[1]}", "", "", redis,
-                          redis_address=redis_address)
+                          redis_address=redis_address,
+                          dashboard_url=dashboard_url(web) if web is not None else "")
     try:
         head_cfg = HeadConfig(str(session.root), token, redis_address.host, redis_address.port,
                               host, listener.getsockname()[1], listen_fd=listener.fileno(),
@@ -328,8 +403,12 @@ def start_head_node(session: Session, token: str, node: NodeConfig, *, port: int
         if die_with_parent:
             started.supervisor = HeadSupervisor(session, head_cfg, listener, True, own_group)
             head = started.supervisor.launch()
+            if web is not None:
+                started.dashboard = DashboardKeeper(session, head_cfg, web, True, own_group)
         else:
-            head = _launch_supervisor(session, head_cfg, listener)
+            head_cfg = HeadConfig(**{**head_cfg.__dict__,
+                                     "dashboard_fd": -1 if web is None else web.fileno()})
+            head = _launch_supervisor(session, head_cfg, listener, web)
             started.procs.append(head.proc)
         node_manager = _launch_node_manager(started, node, die_with_parent, own_group)
         await_ready(head, session)
@@ -341,8 +420,12 @@ def start_head_node(session: Session, token: str, node: NodeConfig, *, port: int
             raise RtmlSystemError(f"{exc} (the head service {state})") from None
     except BaseException:
         listener.close()
+        if web is not None:
+            web.close()
         started.stop()
         raise
+    if started.dashboard is not None:  # (not waited for: it only reads)
+        started.dashboard.watch_in_thread(started.dashboard.launch())
     if started.supervisor is not None:
         started.supervisor.watch_in_thread()
         if redis is not None:
@@ -375,15 +458,18 @@ def _check_redis(address: RedisAddress, token: str) -> None:
         plane.close()
 
 
-def _launch_supervisor(session: Session, cfg: HeadConfig,
-                       listener: socket.socket) -> Launched:
-    """The ``rtml.head.supervisor`` daemon, handed ``listener`` (closed here)."""
+def _launch_supervisor(session: Session, cfg: HeadConfig, listener: socket.socket,
+                       dashboard: socket.socket | None = None) -> Launched:
+    """The ``rtml.head.supervisor`` daemon, handed ``listener`` and the dashboard's
+    socket (closed here)."""
+    sockets = [listener] if dashboard is None else [listener, dashboard]
     try:
         return launch_daemon("rtml.head.supervisor", cfg.to_json(), session, "supervisor",
-                             False, cfg.token, pass_fds=(listener.fileno(),),
+                             False, cfg.token, pass_fds=tuple(s.fileno() for s in sockets),
                              redis_password=cfg.redis_password)
     finally:
-        listener.close()
+        for sock in sockets:
+            sock.close()
 
 
 def take_over_head(session: Session, token: str, head_address: str,

@@ -133,6 +133,7 @@ class HeadConfig:
     task_records_kept: int = field(default_factory=default_task_records_kept)
     tls_cert: str = ""  # TLS on its TCP listener (rtml.rpc.tls); "": none
     tls_key: str = ""
+    dashboard_fd: int = -1  # the dashboard's listening socket, bound by the launcher; -1: none
 
     def to_json(self) -> str:
         """The config without its secrets (which travel in ``TOKEN_ENV`` and
@@ -143,6 +144,21 @@ class HeadConfig:
     def from_json(cls, text: str) -> HeadConfig:
         return cls(**{**json.loads(text), "token": os.environ[TOKEN_ENV],
                       "redis_password": os.environ.get(REDIS_PASSWORD_ENV, "")})
+
+
+DEFAULT_DASHBOARD_PORT = 8265
+"""Ray's dashboard port, which users coming from Ray look for."""
+
+
+@dataclass(frozen=True)
+class DashboardConfig:
+    """Where the head's dashboard listens (``--dashboard-host`` / ``--dashboard-port``,
+    ``init(dashboard_host=, dashboard_port=)``). ``any_port``: when ``port`` is taken,
+    listen on a free one instead (and say so) rather than fail."""
+
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_DASHBOARD_PORT
+    any_port: bool = False
 
 
 @dataclass(frozen=True)

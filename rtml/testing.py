@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rtml import api, cluster, objectstore
-from rtml.config import NodeConfig, default_object_store_memory
+from rtml.config import DashboardConfig, NodeConfig, default_object_store_memory
 from rtml.session import Session, fresh_session_dir, new_token
 
 __all__ = ["Cluster", "ClusterNode"]
@@ -88,7 +88,8 @@ class Cluster:
         """Start a node manager that joins the head; returns once the head knows it.
 
         ``node_args``: ``num_cpus``, ``num_gpus``, ``resources``, ``object_store_memory``,
-        ``prestart_workers``, ``node_ip``; for the head node also ``node_timeout_s``.
+        ``prestart_workers``, ``node_ip``; for the head node also ``node_timeout_s`` and
+        ``include_dashboard`` (default False) with ``dashboard_port`` (default: a free one).
         """
         if self.head_node is not None:
             return self._start(node_args, head=False)
@@ -105,9 +106,13 @@ class Cluster:
             node_ip=args.get("node_ip", self.node_ip),
             prestart_workers=int(args.get("prestart_workers", -1)))
         if head:
+            dashboard = None
+            if args.get("include_dashboard"):
+                dashboard = DashboardConfig(port=int(args.get("dashboard_port", 0)))
             started = cluster.start_head_node(session, self.token, config,
                                               die_with_parent=True, own_group=True,
-                                              node_timeout=args.get("node_timeout_s"))
+                                              node_timeout=args.get("node_timeout_s"),
+                                              dashboard=dashboard)
         else:
             started = cluster.join_node(session, self.token, config, self.address,
                                         die_with_parent=True, own_group=True)

@@ -9,7 +9,8 @@
                   <session_dir>/session.json  (addresses, pids, Redis host/port)
                                  |
     rtml stop  -----------------+  SIGTERM the recorded pids, SIGKILL after 5 s
-    rtml status / list / timeline -> ControlPlane(redis host, port, token) -> Redis
+    rtml status / list / get / summary / memory / timeline
+                  -> ControlPlane(redis host, port, token) -> rtml.state.StateReader
     rtml job submit / status / logs / stop / list -> the head (authenticated; rtml.cli.job)
 
 Every ``rtml start`` records what it started in its session directory
@@ -19,8 +20,8 @@ session so they outlive this command. A user mistake prints one line naming the
 fix and exits 1.
 
 This module is the parser and the dispatch; the commands live in
-:mod:`rtml.cli.start` (start, stop), :mod:`rtml.cli.state` (status, list,
-timeline) and :mod:`rtml.cli.job` (job submission).
+:mod:`rtml.cli.start` (start, stop), :mod:`rtml.cli.state` (status, list, get,
+summary, memory, timeline) and :mod:`rtml.cli.job` (job submission).
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ from typing import Any
 from rtml.cli.job import add_job_commands
 from rtml.cli.options import CliError, add_session_dir
 from rtml.cli.start import cmd_start, cmd_stop
-from rtml.cli.state import TABLES, cmd_list, cmd_status, cmd_timeline
+from rtml.cli.state import cmd_get, cmd_list, cmd_memory, cmd_status, cmd_summary, cmd_timeline
 from rtml.exceptions import RtmlSystemError
+from rtml.state import KINDS, SUMMARIES
+from rtml.state.common import DEFAULT_LIMIT
 
 # -- entry points ------------------------------------------------------------------------------
 
@@ -71,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_session_dir(stop)
     status = _command(sub, "status", cmd_status, "nodes, resources, pending demand, actors")
     add_session_dir(status)
-    _add_list(sub)
+    _add_state(sub)
     add_job_commands(sub)
     timeline = _command(sub, "timeline", cmd_timeline, "write a Chrome trace of the tasks")
     timeline.add_argument("-o", "--output", default="timeline.json", help="file to write")
@@ -122,18 +125,44 @@ def _add_start(sub: Any) -> None:
                        help="with --tls: this certificate instead of a new one")
     start.add_argument("--tls-key", default=None, metavar="PEM",
                        help="with --tls-cert: its private key")
+    start.add_argument("--dashboard-port", type=int, default=None, metavar="PORT",
+                       help="--head: the web dashboard's port (default 8265, or a free one "
+                            "if that is taken; 0: no dashboard)")
+    start.add_argument("--dashboard-host", default="127.0.0.1", metavar="IP",
+                       help="--head: the address the dashboard listens on (default "
+                            "127.0.0.1: this machine only; 0.0.0.0: every address)")
     start.add_argument("--block", action="store_true",
                        help="stay in the foreground; stop everything on Ctrl-C / SIGTERM")
     add_session_dir(start)
 
 
-def _add_list(sub: Any) -> None:
+def _add_state(sub: Any) -> None:
     lst = _command(sub, "list", cmd_list, "list cluster state from the control plane")
-    lst.add_argument("kind", choices=sorted(TABLES))
+    lst.add_argument("kind", choices=list(KINDS))
     lst.add_argument("--filter", action="append", default=[], metavar="KEY=VALUE",
-                     help="keep rows whose KEY equals VALUE (repeatable)")
-    lst.add_argument("--format", choices=("table", "json"), default="table")
-    add_session_dir(lst)
+                     help="keep rows whose KEY equals VALUE, or with KEY!=VALUE differs "
+                          "(repeatable: all must hold; e.g. --filter state=FAILED)")
+    lst.add_argument("--limit", type=int, default=DEFAULT_LIMIT,
+                     help=f"at most this many rows (default {DEFAULT_LIMIT})")
+    lst.add_argument("--detail", action="store_true", help="every column")
+    _add_format(lst)
+    get = _command(sub, "get", cmd_get, "one task (its attempts, its error with traceback) "
+                                        "or actor")
+    get.add_argument("kind", choices=("task", "actor"))
+    get.add_argument("id", help="its hex id, as `rtml list` shows it")
+    _add_format(get)
+    summary = _command(sub, "summary", cmd_summary, "tasks, actors or objects counted by "
+                                                    "name and state")
+    summary.add_argument("kind", choices=SUMMARIES)
+    _add_format(summary)
+    memory = _command(sub, "memory", cmd_memory, "objects in the object stores by owner: "
+                                                 "sizes, where they are, spilled bytes")
+    _add_format(memory)
+
+
+def _add_format(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--format", choices=("table", "json"), default="table")
+    add_session_dir(parser)
 
 
 # -- rtml microbenchmark -----------------------------------------------------------------------

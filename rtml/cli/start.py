@@ -29,7 +29,12 @@ from typing import Any
 
 from rtml import cluster
 from rtml.cli.options import CliError, session_flag, session_of
-from rtml.config import NodeConfig, default_object_store_memory
+from rtml.config import (
+    DEFAULT_DASHBOARD_PORT,
+    DashboardConfig,
+    NodeConfig,
+    default_object_store_memory,
+)
 from rtml.control_plane import RedisAddress
 from rtml.daemon import pid_alive
 from rtml.exceptions import ProtocolError, RtmlSystemError
@@ -126,10 +131,11 @@ def _start_head(args: argparse.Namespace, session: Session) -> int:
             redis = RedisAddress.parse(args.redis_address)
         except ValueError as exc:
             raise CliError(f"--redis-address: {exc}") from None
+    dashboard = _dashboard_config(args)
     try:
         started = cluster.start_head_node(session, token, node, port=args.port,
                                           die_with_parent=False, node_timeout=timeout,
-                                          redis_address=redis)
+                                          redis_address=redis, dashboard=dashboard)
     except RtmlSystemError as exc:
         if redis is None:
             raise
@@ -138,6 +144,24 @@ def _start_head(args: argparse.Namespace, session: Session) -> int:
     _write_record(started, "head", started.redis_address, (node.tls_cert, node.tls_key))
     _print_head_started(started, token, session, bool(node.tls_cert))
     return _block(started) if args.block else 0
+
+
+def _dashboard_config(args: argparse.Namespace) -> DashboardConfig | None:
+    """Where the dashboard listens; None for ``--dashboard-port 0``. Given no port, a
+    free one is taken when 8265 is not free."""
+    port = args.dashboard_port
+    if port is not None and not 0 <= port <= 65535:
+        raise CliError(f"--dashboard-port must be a port number (0 runs no dashboard), "
+                       f"got {port}")
+    if port == 0:
+        return None
+    if not cluster.is_local_ip(args.dashboard_host) and args.dashboard_host not in (
+            "0.0.0.0", "::"):
+        raise CliError(f"--dashboard-host {args.dashboard_host} is not an address of this "
+                       f"machine (give one of its addresses, or 0.0.0.0 for all)")
+    if port is None:
+        return DashboardConfig(args.dashboard_host, DEFAULT_DASHBOARD_PORT, any_port=True)
+    return DashboardConfig(args.dashboard_host, port)
 
 
 def _take_over_head(session: Session) -> bool:
@@ -171,7 +195,7 @@ def _take_over_head(session: Session) -> bool:
 
 
 def _start_worker_node(args: argparse.Namespace, session: Session) -> int:
-    for flag in ("node_timeout_s", "redis_address"):
+    for flag in ("node_timeout_s", "redis_address", "dashboard_port"):
         if getattr(args, flag) is not None:
             raise CliError(f"--{flag.replace('_', '-')} is the head's setting: pass it to "
                            f"`rtml start --head`")
@@ -265,6 +289,7 @@ def _write_record(started: cluster.StartedNode, role: str,
     started.session.write_record({
         "role": role, "head_address": started.head_address, "nm_address": started.nm_address,
         "node_id": started.node_id, **where, "tls_cert": tls[0], "tls_key": tls[1],
+        "dashboard_url": started.dashboard_url,
         "pids": [pid for pid, _ in procs],
         "processes": [{"pid": pid, "name": name, "start_time": process_start_time(pid)}
                       for pid, name in procs],
@@ -293,6 +318,7 @@ def _print_head_started(started: cluster.StartedNode, token: str, session: Sessi
         f"  head service:   {started.head_address}",
         f"  node manager:   {started.nm_address} (node {started.node_id})",
         f"  control plane:  Redis at {redis}{whose}",
+        f"  dashboard:      {started.dashboard_url or 'none (--dashboard-port 0)'}",
         f"RTML_ADDRESS={started.head_address}",
         f"RTML_TOKEN={token}",
         "",

@@ -1,10 +1,12 @@
-"""``rtml status``, ``rtml list`` and ``rtml timeline``: cluster state read from Redis.
+"""``rtml status / list / get / summary / memory / timeline``: cluster state read from
+Redis through the state reader the dashboard and ``rtml.util.state`` use too.
 
 ::
 
     <session_dir>/session.json (Redis host/port) + token
-        -> ControlPlane -> Redis -> nodes, actors, tasks, objects, jobs
-        -> status summary | table or JSON rows | Chrome trace file
+        -> ControlPlane -> rtml.state.StateReader -> cluster, rows, one task or actor,
+           summaries, objects by owner, trace events
+        -> text (rtml.cli.render) or JSON
 
 These commands only read. The session's record (written by ``rtml start`` on
 the head or on a joined node) says where the control plane listens.
@@ -15,24 +17,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
-from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
+from rtml.cli import render
 from rtml.cli.options import CliError, session_of
-from rtml.config import STORE_RESOURCE
 from rtml.control_plane import ControlPlane, RedisAddress, unreachable
 from rtml.exceptions import RtmlSystemError
-
-_GIB = float(1 << 30)
-_BYTE_RESOURCES = ("memory", STORE_RESOURCE)
-
+from rtml.state import StateReader
+from rtml.state.common import parse_filter
 
 # -- reading the control plane -----------------------------------------------------------------
 
-def _control_plane(args: argparse.Namespace) -> tuple[ControlPlane, dict[str, Any]]:
-    """The control plane of the cluster this session's node belongs to."""
+
+def control_plane(args: argparse.Namespace) -> tuple[ControlPlane, dict[str, Any]]:
+    """The control plane of the cluster this session's node belongs to, and the
+    session's record. Raises CliError naming the fix when there is none to reach."""
     session = session_of(args)
     record = session.read_record()
     if record is None:
@@ -55,201 +56,99 @@ def _control_plane(args: argparse.Namespace) -> tuple[ControlPlane, dict[str, An
     return plane, record
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    plane, record = _control_plane(args)
+@contextmanager
+def _reader(args: argparse.Namespace) -> Iterator[tuple[StateReader, dict[str, Any]]]:
+    """A state reader of the session's cluster; a bad filter or id becomes a CliError."""
+    plane, record = control_plane(args)
     try:
-        nodes = plane.list_nodes()
-        alive = sum(1 for n in nodes if n["Alive"])
-        print(f"Cluster at {record['head_address']}: {alive} alive node(s), "
-              f"{len(nodes) - alive} dead")
-        for node in nodes:
-            _print_node(node)
-        _print_pending(nodes)
-        actors = Counter(str(a.get("state", "?")) for a in plane.list_actors())
-        print(f"Actors: {_counts(actors)}")
-        tasks = Counter(str(t.get("status", "?")) for t in plane.list_tasks())
-        print(f"Tasks: {_counts(tasks)}")
+        yield StateReader(plane), record
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
     finally:
         plane.close()
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, default=str))
+
+
+# -- rtml status ------------------------------------------------------------------------------
+
+def cmd_status(args: argparse.Namespace) -> int:
+    with _reader(args) as (reader, record):
+        cluster = reader.cluster()
+        url = reader.plane.dashboard_url()
+    print(render.status(cluster, record["head_address"], url))
     return 0
 
 
-def _print_node(node: dict[str, Any]) -> None:
-    state = "alive" if node["Alive"] else "dead"
-    print(f"  node {node['NodeID']}  {state}  {node['NodeManagerAddress']}")
-    if not node["Alive"]:
-        return
-    total: dict[str, float] = node["Resources"] or {}
-    available: dict[str, float] = node["Available"] or total
-    parts = []
-    for name in _resource_order(total):
-        used = total[name] - available.get(name, total[name])
-        parts.append(f"{name} {_amount(name, used)}/{_amount(name, total[name])}")
-    print(f"    used/total: {', '.join(parts)}")
-
-
-def _resource_order(total: dict[str, float]) -> list[str]:
-    first = [n for n in ("CPU", "GPU", *_BYTE_RESOURCES) if n in total]
-    rest = sorted(n for n in total if n not in first and not n.startswith("node:"))
-    return first + rest
-
-
-def _amount(name: str, value: float) -> str:
-    if name in _BYTE_RESOURCES:
-        return f"{value / _GIB:.2f} GiB"
-    return f"{value:g}"
-
-
-def _print_pending(nodes: list[dict[str, Any]]) -> None:
-    shapes: Counter[str] = Counter()
-    for node in nodes:
-        if node["Alive"]:
-            for shape in node.get("PendingShapes") or []:
-                shapes[json.dumps(shape, sort_keys=True)] += 1
-    if not shapes:
-        print("Pending demand: none")
-        return
-    print("Pending demand:")
-    for shape, count in shapes.most_common():
-        print(f"  {count} pending task(s) need {shape}: no node can run them yet")
-
-
-def _counts(counter: Counter[str]) -> str:
-    if not counter:
-        return "none"
-    return ", ".join(f"{n} {state}" for state, n in sorted(counter.items()))
-
-
-# -- rtml list ---------------------------------------------------------------------------------
-
-Column = tuple[str, Callable[[dict[str, Any]], Any]]
-
-
-def _field(name: str, width: int = 0) -> Callable[[dict[str, Any]], Any]:
-    def get(row: dict[str, Any]) -> Any:
-        value = row.get(name)
-        if width and isinstance(value, str):
-            return value[:width]
-        return value
-    return get
-
-
-def _clock(name: str) -> Callable[[dict[str, Any]], Any]:
-    def get(row: dict[str, Any]) -> Any:
-        value = row.get(name)
-        if not isinstance(value, int | float) or not value:
-            return None
-        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(value))
-    return get
-
-
-def _duration(row: dict[str, Any]) -> Any:
-    start, end = row.get("start_ts"), row.get("end_ts")
-    if isinstance(start, int | float) and isinstance(end, int | float):
-        return f"{(end - start) * 1000:.1f}ms"
-    return None
-
-
-def _node_resource(name: str) -> Callable[[dict[str, Any]], Any]:
-    def get(row: dict[str, Any]) -> Any:
-        total = (row.get("Resources") or {}).get(name)
-        if total is None:
-            return None
-        available = (row.get("Available") or {}).get(name, total)
-        return f"{_amount(name, total - available)}/{_amount(name, total)}"
-    return get
-
-
-TABLES: dict[str, tuple[Callable[[ControlPlane], list[dict[str, Any]]], list[Column]]] = {
-    "tasks": (lambda p: p.list_tasks(), [
-        ("TASK_ID", _field("task_id")), ("NAME", _field("name")),
-        ("STATUS", _field("status")), ("ATTEMPT", _field("attempt")),
-        ("NODE", _field("node_id", 12)), ("WORKER_PID", _field("worker_pid")),
-        ("SUBMITTED", _clock("submit_ts")), ("DURATION", _duration)]),
-    "actors": (lambda p: p.list_actors(), [
-        ("ACTOR_ID", _field("actor_id")), ("CLASS", _field("class_name")),
-        ("NAME", _field("name")), ("STATE", _field("state")),
-        ("NODE", _field("node_id", 12)), ("RESTARTS", _field("restarts"))]),
-    "objects": (lambda p: p.list_objects(), [
-        ("OBJECT_ID", _field("object_id")), ("OWNER", _field("owner", 12)),
-        ("SIZE", _field("size")), ("LOCATIONS", _field("locations"))]),
-    "nodes": (lambda p: p.list_nodes(), [
-        ("NODE_ID", _field("NodeID")), ("ALIVE", _field("Alive")),
-        ("ADDRESS", _field("NodeManagerAddress")), ("CPU", _node_resource("CPU")),
-        ("GPU", _node_resource("GPU")), ("LAST_HEARTBEAT", _clock("LastHeartbeat"))]),
-    "jobs": (lambda p: p.list_jobs(), [
-        ("JOB_ID", _field("JobID")), ("DEAD", _field("IsDead")), ("PID", _field("pid")),
-        ("START", _clock("StartTime")), ("END", _clock("EndTime")), ("CWD", _field("cwd"))]),
-}
-
+# -- rtml list / get / summary / memory ------------------------------------------------------
 
 def cmd_list(args: argparse.Namespace) -> int:
-    filters = _parse_filters(args.filter)
-    plane, _ = _control_plane(args)
-    try:
-        read, columns = TABLES[args.kind]
-        rows = [r for r in read(plane) if _matches(r, filters)]
-    finally:
-        plane.close()
+    filters = _filters(args.filter)
+    if args.limit < 0:
+        raise CliError(f"--limit must be 0 or more, got {args.limit}")
+    with _reader(args) as (reader, _):
+        rows = reader.listing(args.kind, filters, args.limit, args.detail)
     if args.format == "json":
-        print(json.dumps(rows, indent=2, default=str))
+        _print_json([row.asdict() for row in rows])
+    elif rows:
+        print(render.table([row.asdict() for row in rows],
+                           type(rows[0]).list_columns(args.detail)))
     else:
-        print(_table(rows, columns) if rows else f"No {args.kind}.")
+        print(f"No {args.kind}.")
     return 0
 
 
-def _parse_filters(items: Iterable[str]) -> dict[str, str]:
-    filters = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise CliError(f"--filter takes KEY=VALUE (e.g. --filter status=FINISHED), "
-                           f"got {item!r}")
-        filters[key] = value
-    return filters
+def _filters(items: list[str]) -> list[tuple[str, str, Any]]:
+    try:
+        return [parse_filter(item) for item in items]
+    except ValueError as exc:
+        raise CliError(f"--filter: {exc}") from None
 
 
-def _matches(row: dict[str, Any], filters: dict[str, str]) -> bool:
-    return all(key in row and _cell(row[key]) == value for key, value in filters.items())
+def cmd_get(args: argparse.Namespace) -> int:
+    read: Callable[[StateReader, str], dict[str, Any] | None]
+    read = StateReader.task if args.kind == "task" else StateReader.actor
+    with _reader(args) as (reader, _):
+        found = read(reader, args.id)
+    if found is None:
+        raise CliError(f"no {args.kind} {args.id} is recorded in the control plane; "
+                       f"`rtml list {args.kind}s` shows those that are")
+    if args.format == "json":
+        _print_json(found)
+    else:
+        print(render.task(found) if args.kind == "task" else render.record(found))
+    return 0
 
 
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, dict | list):
-        return json.dumps(value, default=str)
-    return str(value)
+def cmd_summary(args: argparse.Namespace) -> int:
+    with _reader(args) as (reader, _):
+        summary = reader.summarize(args.kind)
+    if args.format == "json":
+        _print_json(summary)
+    else:
+        print(render.summary(args.kind, summary["cluster"]))
+    return 0
 
 
-def _table(rows: list[dict[str, Any]], columns: list[Column]) -> str:
-    cells = [[_cell(get(row)) for _, get in columns] for row in rows]
-    headers = [name for name, _ in columns]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
-              for line in cells]
-    return "\n".join(lines)
+def cmd_memory(args: argparse.Namespace) -> int:
+    with _reader(args) as (reader, _):
+        memory = reader.memory()
+    if args.format == "json":
+        _print_json(memory)
+    else:
+        print(render.memory(memory))
+    return 0
 
 
 # -- rtml timeline -----------------------------------------------------------------------------
 
 def cmd_timeline(args: argparse.Namespace) -> int:
-    plane, _ = _control_plane(args)
-    try:
-        tasks = plane.list_tasks()
-    finally:
-        plane.close()
-    events = [_trace_event(t) for t in tasks if t.get("start_ts") and t.get("end_ts")]
+    with _reader(args) as (reader, _):
+        events = reader.timeline()
     with open(args.output, "w") as f:
         json.dump(events, f)
     print(f"Wrote {len(events)} task event(s) to {args.output}; open it in "
           f"chrome://tracing or https://ui.perfetto.dev")
     return 0
-
-
-def _trace_event(task: dict[str, Any]) -> dict[str, Any]:
-    return {"name": task.get("name") or "task", "cat": "task", "ph": "X",
-            "ts": task["start_ts"] * 1e6, "dur": (task["end_ts"] - task["start_ts"]) * 1e6,
-            "pid": str(task.get("node_id") or "")[:12], "tid": task.get("worker_pid", 0),
-            "args": {"task_id": task.get("task_id"), "status": task.get("status"),
-                     "job_id": task.get("job_id")}}

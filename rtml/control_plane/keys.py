@@ -24,6 +24,9 @@ Layout, for the default cluster namespace ``rtml``::
     rtml:placement_groups       set     placement group ids (hex), of the live ones
     rtml:events                 stream  timeline events
     rtml:pending_demand         hash    node id (hex) -> resource shapes it cannot place
+    rtml:dashboard              string  the dashboard's URL, written by the dashboard as
+                                        it starts (what `rtml status` and joining
+                                        drivers show)
 
 The length prefix in ``named_actor`` keeps ("a:b", "c") and ("a", "b:c") apart.
 """
@@ -57,6 +60,7 @@ class Keys:
         self.placement_groups = p + "placement_groups"
         self.events = p + "events"
         self.pending_demand = p + "pending_demand"
+        self.dashboard = p + "dashboard"
 
     def __repr__(self) -> str:
         return f"Keys({self.namespace!r})"

@@ -124,11 +124,14 @@ def location_field(node_id: NodeID) -> str:
 
 
 def _with_locations(record: dict[str, Any]) -> dict[str, Any]:
-    """``record`` with its per-node location fields folded into ``locations`` (hex ids)."""
-    locations = [k[len(LOCATION_PREFIX):] for k in record if k.startswith(LOCATION_PREFIX)]
+    """``record`` with its per-node location fields folded into ``locations`` (hex ids)
+    and ``location_states`` (hex id -> SEALED or SPILLED)."""
+    states = {k[len(LOCATION_PREFIX):]: v for k, v in record.items()
+              if k.startswith(LOCATION_PREFIX)}
     out = {k: v for k, v in record.items() if not k.startswith(LOCATION_PREFIX)}
-    if locations:
-        out["locations"] = sorted(locations)
+    if states:
+        out["locations"] = sorted(states)
+        out["location_states"] = dict(sorted(states.items()))
     return out
 
 
@@ -467,26 +470,13 @@ class ControlPlane:
         A filter matches when the field's JSON-friendly value, as ``str``, equals it
         (ids as hex, e.g. ``{"job_id": job.hex(), "status": "FINISHED"}``).
         """
-        batches: list[tuple[bytes, bytes]] = []
-        cursor: Arg = 0
-        while True:
-            cursor, flat = self._client.execute("HSCAN", self.keys.tasks, cursor,
-                                                "COUNT", _SCAN_CHUNK)
-            pairs = iter(flat)
-            batches += zip(pairs, pairs, strict=True)
-            if cursor == b"0":
-                break
         tasks: dict[bytes, dict[str, Any]] = {}
-        for _, batch in sorted(batches):
-            for stored in _decoder.decode(batch):
-                record = _expand(stored)
-                if record is None or "task_id" not in record:
-                    continue  # not a task record: nothing to merge it into
-                task = tasks.setdefault(record["task_id"], {})
-                status = task.get("status")
-                task.update(record)
-                if status in _FINAL and record.get("status") not in _FINAL:
-                    task["status"] = status  # another writer's PENDING, read out of order
+        for record in self._task_records():
+            task = tasks.setdefault(record["task_id"], {})
+            status = task.get("status")
+            task.update(record)
+            if status in _FINAL and record.get("status") not in _FINAL:
+                task["status"] = status  # another writer's PENDING, read out of order
         found = []
         for record in tasks.values():
             if "name" not in record:
@@ -496,6 +486,32 @@ class ControlPlane:
                 found.append(task)
         found.sort(key=lambda task: task.get("submit_ts", 0.0))
         return found[-limit:] if limit > 0 else []
+
+    @_redis_errors
+    def task_history(self, task_id: bytes) -> list[dict[str, Any]]:
+        """Every record of one task as written, unmerged, in the order of their batches
+        (its submission, each attempt's outcome and failure): what shows its attempts."""
+        return [to_jsonable(record) for record in self._task_records()
+                if record["task_id"] == task_id]
+
+    def _task_records(self) -> list[dict[str, Any]]:
+        """Every task record (compact ones expanded), in the order of their batches."""
+        batches: list[tuple[bytes, bytes]] = []
+        cursor: Arg = 0
+        while True:
+            cursor, flat = self._client.execute("HSCAN", self.keys.tasks, cursor,
+                                                "COUNT", _SCAN_CHUNK)
+            pairs = iter(flat)
+            batches += zip(pairs, pairs, strict=True)
+            if cursor == b"0":
+                break
+        records = []
+        for _, batch in sorted(batches):
+            for stored in _decoder.decode(batch):
+                record = _expand(stored)
+                if record is not None and "task_id" in record:  # else nothing to merge into
+                    records.append(record)
+        return records
 
     # -- objects ------------------------------------------------------------------
 
@@ -637,6 +653,19 @@ class ControlPlane:
             if wanted is None or event.get("job_id") == wanted:
                 events.append(event)
         return events
+
+    # -- the dashboard ------------------------------------------------------------
+
+    @_redis_errors
+    def set_dashboard_url(self, url: str) -> None:
+        """Record where the cluster's dashboard listens."""
+        self._client.execute("SET", self.keys.dashboard, url)
+
+    @_redis_errors
+    def dashboard_url(self) -> str:
+        """Where the cluster's dashboard listens; "" if it runs none."""
+        reply: bytes | None = self._client.execute("GET", self.keys.dashboard)
+        return reply.decode() if reply else ""
 
     # -- helpers ------------------------------------------------------------------
 

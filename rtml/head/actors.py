@@ -80,6 +80,7 @@ class Actor:
     node_id: NodeID = NO_NODE
     restarts: int = 0
     error: str = ""
+    pid: int = 0  # its worker process, once started (0: not known)
     no_restart: bool = False
     name_released: bool = False  # killed for good: its name is free before it is DEAD
     orphaned: bool = False  # restored after a head restart; its owner has not reconnected
@@ -126,11 +127,12 @@ class Record:
     restarts: int
     error: str
     tcp_address: str = ""
+    pid: int = 0
 
     @classmethod
     def of(cls, actor: Actor) -> Record:
         return cls(actor.spec, actor.state, actor.node_id, actor.address, actor.restarts,
-                   actor.error, actor.tcp_address)
+                   actor.error, actor.tcp_address, actor.pid)
 
 
 @dataclass(frozen=True)
@@ -188,7 +190,7 @@ class ActorDirectory:
         return commands + placed
 
     def started(self, actor_id: ActorID, node_id: NodeID, address: str, tcp_address: str,
-                error: str) -> list[Command]:
+                error: str, pid: int = 0) -> list[Command]:
         """The actor's worker ran its constructor on ``node_id`` (``error`` if it raised)."""
         actor = self.actors.get(actor_id)
         if actor is None:
@@ -202,6 +204,7 @@ class ActorDirectory:
         if actor.no_restart:  # killed while it was (re)starting: its worker came up anyway
             return self._kill(actor, actor.error or "it was killed while starting")
         actor.state, actor.address, actor.tcp_address = ActorState.ALIVE, address, tcp_address
+        actor.pid = pid
         return [Record.of(actor), *self._answer(actor)]
 
     def worker_died(self, actor_id: ActorID, reason: str) -> list[Command]:

@@ -440,7 +440,7 @@ class HeadService(Service):
 
     def _actor_started(self, peer: Peer, msg: m.ActorStarted) -> None:
         self._carry_out(self.actors.started(msg.actor_id, msg.node_id, msg.address,
-                                            msg.tcp_address, msg.error))
+                                            msg.tcp_address, msg.error, msg.pid))
 
     def _actor_died(self, peer: Peer, msg: m.ActorWorkerDied) -> None:
         self._carry_out(self.actors.worker_died(msg.actor_id, msg.reason))
@@ -543,7 +543,8 @@ class HeadService(Service):
             "job_id": spec.job_id.hex(), "node_id": record.node_id.hex(),
             "address": record.address, "restarts": record.restarts, "error": record.error,
             "detached": spec.detached, "max_restarts": spec.max_restarts,
-            "tcp_address": record.tcp_address, "spec": msgspec.msgpack.encode(spec)})
+            "tcp_address": record.tcp_address, "pid": record.pid,
+            "spec": msgspec.msgpack.encode(spec)})
 
     def _job_request(self, peer: Peer, msg: Any) -> None:
         """Job submission (``rtml job``): the runner answers (rtml.head.job_runner)."""

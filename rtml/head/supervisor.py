@@ -4,6 +4,7 @@ CONFIG_JSON READY_FD``.
     rtml start --head --config, the bound listening socket--> main()
         HeadSupervisor (rtml.cluster) starts the head service (which dies with us) and
         starts it again whenever it exits unasked, on the same socket
+        DashboardKeeper (rtml.cluster) does the same for the dashboard, on its socket
         RedisKeeper (rtml.cluster) starts the session's Redis again whenever it exits
         --"ok host:port" once the first head is ready--> readiness pipe
     SIGTERM / SIGINT --> the head (and a Redis started here) is stopped, then we exit
@@ -19,7 +20,7 @@ import sys
 import threading
 from pathlib import Path
 
-from rtml.cluster import HeadSupervisor, RedisKeeper, await_ready
+from rtml.cluster import DashboardKeeper, HeadSupervisor, RedisKeeper, await_ready
 from rtml.config import HeadConfig
 from rtml.control_plane import own_password
 from rtml.daemon import ReadyPipe, setup_logging
@@ -43,6 +44,11 @@ def main(argv: list[str]) -> int:
         supervisor.stop()
         return 1
     ready.report(f"ok {address}")
+    dashboard = None
+    if cfg.dashboard_fd >= 0:
+        dashboard = DashboardKeeper(session, cfg, socket.socket(fileno=cfg.dashboard_fd),
+                                    die_with_parent=True)
+        dashboard.watch_in_thread(dashboard.launch())
     keeper = None
     if cfg.redis_pid:
         keeper = RedisKeeper(session, cfg.redis_host, cfg.redis_port, own_password(cfg.token),
@@ -55,6 +61,8 @@ def main(argv: list[str]) -> int:
 
     threading.Thread(target=watch, name="rtml-head-watch", daemon=True).start()
     supervisor.stopping.wait()
+    if dashboard is not None:
+        dashboard.stop()
     if keeper is not None:
         keeper.stop()
     supervisor.stop()

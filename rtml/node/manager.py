@@ -350,7 +350,8 @@ class NodeManager(Service):
         if worker is not None:
             worker.actor_ready = not msg.error
             self.head.send(m.ActorStarted(msg.actor_id, worker.worker_id, worker.address,
-                                          msg.error, worker.tcp_address, self.node_id))
+                                          msg.error, worker.tcp_address, self.node_id,
+                                          worker.pid))
 
     def _cancel_task(self, peer: Peer, client: Client, msg: m.CancelTask) -> None:
         worker = self.workers.get(msg.worker_id)

@@ -58,6 +58,8 @@ log = logging.getLogger(__name__)
 
 
 CUDA_ENV = "CUDA_VISIBLE_DEVICES"
+FAILURE_TEXT_MAX = 20_000
+"""Characters of a failed attempt's traceback kept in its task record (the end of it)."""
 _NO_KWARGS: Mapping[str, Any] = {}
 """The keyword arguments of a call without any. A dict, read only here (``**`` gives the
 callee its own copy): ``**`` of an empty dict costs 0.15 us, of an empty MappingProxyType
@@ -444,7 +446,18 @@ class Executor:
         # cycle through the traceback, which an idle worker may never run: the holds
         # they keep would outlive the task.
         traceback.clear_frames(exc.__traceback__)
+        self._record_failure(spec, error)
         return self._error_returns(spec, payload)
+
+    def _record_failure(self, spec: m.TaskSpec, error: TaskError) -> None:
+        """Write the error of an attempt that raised to the task's record (off the path of
+        a task that succeeds): its owner keeps the error only in the return object, and
+        the state API, ``rtml get task`` and the dashboard show it from here."""
+        cause = error.cause if error.cause is not None else error
+        self.rt.writer.submit_task({"task_id": spec.task_id, "failure": {
+            "attempt": spec.attempt, "error_class": type(cause).__name__,
+            "traceback": error.traceback_text[-FAILURE_TEXT_MAX:], "worker_pid": self.pid,
+            "node_id": self.rt.node_id.hex(), "end_ts": time.time()}})
 
     def _plain_error_returns(self, spec: m.TaskSpec,
                              exc: BaseException) -> tuple[m.ReturnObject, ...]:

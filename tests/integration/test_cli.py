@@ -165,10 +165,10 @@ def test_start_head_status_driver_and_list(head: Head) -> None:
     nodes = head.cli("list", "nodes", "--format", "json")
     assert nodes.returncode == 0, nodes.stderr
     parsed = json.loads(nodes.stdout)
-    assert [n["Alive"] for n in parsed] == [True]
-    assert parsed[0]["Resources"]["CPU"] == 2.0
+    assert [n["state"] for n in parsed] == ["ALIVE"]
+    assert parsed[0]["resources_total"]["CPU"] == 2.0
 
-    tasks = head.cli("list", "tasks", "--filter", "status=FINISHED")
+    tasks = head.cli("list", "tasks", "--filter", "state=FINISHED")
     assert tasks.returncode == 0, tasks.stderr
     assert "add_one" in tasks.stdout and "FINISHED" in tasks.stdout
     assert head.cli("list", "jobs").returncode == 0

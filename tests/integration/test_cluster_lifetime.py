@@ -78,12 +78,13 @@ rtml.shutdown()
     assert second == ["kept", "temp-gone"]
 
     actors = {a["name"]: a for a in json.loads(
-        head.cli("list", "actors", "--format", "json").stdout)}
-    assert actors["keeper"]["state"] == "ALIVE" and actors["keeper"]["detached"] is True
+        head.cli("list", "actors", "--detail", "--format", "json").stdout)}
+    assert actors["keeper"]["state"] == "ALIVE" and actors["keeper"]["is_detached"] is True
     assert actors["temp"]["state"] == "DEAD"
     # Its driver's exit ends it twice over (its job ended; its handles, held by the
     # driver, are gone): whichever the head hears first is the reason recorded.
-    assert any(why in actors["temp"]["error"] for why in ("driver exited", "out of scope"))
+    why = actors["temp"]["death_cause"]["actor_died_error_context"]["error_message"]
+    assert any(reason in why for reason in ("driver exited", "out of scope"))
 
 
 def test_named_actors_are_per_namespace_and_get_if_exists_reuses(head: Head) -> None:
@@ -194,19 +195,19 @@ rtml.shutdown()
 """)
     assert out == ["0"]
     failed = _tasks_named(head, "needs_nothing", "FAILED")
-    assert [t["error"] for t in failed] == ["the driver exited"]
+    assert [t["error_type"] for t in failed] == ["OWNER_DIED"]
 
 
-def _tasks_named(head: Head, name: str, status: str) -> list[dict[str, object]]:
-    """The tasks called ``name`` once they have ``status`` (waits up to ~5 s)."""
+def _tasks_named(head: Head, name: str, state: str) -> list[dict[str, object]]:
+    """The tasks called ``name`` once they are in ``state`` (waits up to ~5 s)."""
     deadline = time.monotonic() + 5.0
     while True:
-        listed = head.cli("list", "tasks", "--format", "json")
+        listed = head.cli("list", "tasks", "--filter", f"name={name}", "--format", "json")
         assert listed.returncode == 0, listed.stderr
-        tasks = [t for t in json.loads(listed.stdout) if t.get("name") == name]
-        if (tasks and all(t["status"] == status for t in tasks)) \
+        tasks = json.loads(listed.stdout)
+        if (tasks and all(t["state"] == state for t in tasks)) \
                 or time.monotonic() > deadline:
-            assert tasks and all(t["status"] == status for t in tasks), tasks
+            assert tasks and all(t["state"] == state for t in tasks), tasks
             return tasks
         time.sleep(0.2)
 
@@ -255,12 +256,12 @@ def test_a_job_whose_driver_exited_or_died_is_recorded_ended(head: Head) -> None
     killed.communicate(timeout=60)
     deadline = time.monotonic() + 10
     while True:
-        listed = head.cli("list", "jobs", "--format", "json")
+        listed = head.cli("list", "jobs", "--detail", "--format", "json")
         assert listed.returncode == 0, listed.stderr
         jobs = json.loads(listed.stdout)
-        if len(jobs) == 2 and all(job["IsDead"] for job in jobs):
+        if len(jobs) == 2 and all(job["status"] == "SUCCEEDED" for job in jobs):
             break
         assert time.monotonic() < deadline, jobs
         time.sleep(0.1)
     for job in jobs:
-        assert job["status"] == "FINISHED" and job["EndTime"] >= job["StartTime"]
+        assert job["end_time"] >= job["start_time"]

@@ -11,7 +11,8 @@ def _all_names(keys: Keys, ident: str) -> list[str]:
     return [keys.node(ident), keys.job(ident), keys.function(ident),
             keys.object(ident), keys.actor(ident), keys.named_actor("ns", ident),
             keys.submission(ident), keys.nodes, keys.jobs, keys.tasks, keys.objects,
-            keys.actors, keys.events, keys.pending_demand, keys.submissions]
+            keys.actors, keys.events, keys.pending_demand, keys.submissions,
+            keys.dashboard]
 
 
 def test_default_namespace_is_rtml() -> None:

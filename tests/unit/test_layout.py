@@ -24,13 +24,13 @@ LAYERS: list[set[str]] = [
     {"_native", "config", "exceptions"},
     {"daemon"},
     {"rpc", "control_plane"},
-    {"scheduler", "objectstore", "session"},
+    {"scheduler", "objectstore", "session", "state"},
     {"cluster"},
     {"core"},
     {"api"},
     {"util", "dag", "actor", "experimental", "job_config", "job_submission"},
     {"__init__"},
-    {"head", "node", "worker", "cli", "launchpad", "testing"},
+    {"head", "node", "worker", "cli", "launchpad", "testing", "dashboard"},
 ]
 LAYER_OF = {part: n for n, parts in enumerate(LAYERS) for part in parts}
 PACKAGES = {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()}

@@ -178,6 +178,7 @@ class ActorStarted(Msg, tag=58):
     error: str = ""
     tcp_address: str = ""
     node_id: NodeID = NO_NODE
+    pid: int = 0  # the actor's worker process (for the state API and the dashboard)
 
 
 class ActorWorkerDied(Msg, tag=59):

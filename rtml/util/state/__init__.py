@@ -26,8 +26,8 @@ rtml's states in Ray's names:
     job      running -> RUNNING, its driver gone -> SUCCEEDED (rtml does not record how
              a driver ended; Ray says SUCCEEDED for an ended driver job too)
 
-A task's error type: its code raised -> TASK_EXECUTION_EXCEPTION (its message stays in
-its return object, so ``error_message`` is None); cancelled -> TASK_CANCELLED; its
+A task's error type: its code raised -> TASK_EXECUTION_EXCEPTION (``error_message``: the
+traceback of its last attempt, which its worker records); cancelled -> TASK_CANCELLED; its
 worker died -> WORKER_DIED; its node -> NODE_DIED; its actor -> ACTOR_DIED; an argument
 failed -> DEPENDENCY_RESOLUTION_FAILED; its driver exited first -> OWNER_DIED; no lease
 -> TASK_UNSCHEDULABLE_ERROR; the node manager gone -> LOCAL_RAYLET_DIED.
@@ -40,7 +40,7 @@ What rtml does not record, and so leaves out or fills as noted:
   events and profile (not columns here); no ACTOR_CREATION_TASK records (actors are
   ``list_actors``'). ``func_or_class_name`` is the task's name (the ``name`` option if
   given). A retried task is one record, its latest attempt.
-- an actor's ``pid`` and ``repr_name``; a node's ``is_head_node`` and ``labels``.
+- an actor's ``repr_name``; a node's ``is_head_node`` and ``labels``.
 - per-process references to an object: a listed object is ``ACTOR_HANDLE`` if it is
   the one an actor's handles hold, else ``LOCAL_REFERENCE`` (a record lives while a
   reference does); ``task_status`` is FINISHED (it is in a store), ``call_site``
@@ -53,7 +53,8 @@ What rtml does not record, and so leaves out or fills as noted:
 
 from __future__ import annotations
 
-from rtml.util.state import common
+from rtml.state import common
+from rtml.state.common import ActorState, JobState, NodeState, ObjectState, TaskState
 from rtml.util.state.api import (
     get_actor,
     get_node,
@@ -67,7 +68,6 @@ from rtml.util.state.api import (
     summarize_objects,
     summarize_tasks,
 )
-from rtml.util.state.common import ActorState, JobState, NodeState, ObjectState, TaskState
 
 __all__ = [
     "ActorState",

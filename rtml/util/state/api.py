@@ -6,8 +6,8 @@
     list_tasks(filters=..., limit=..., detail=...)
         -> check the filters (ValueError before anything is read)
         -> this process's own task records written first (owner.settle, writer.flush)
-        -> ControlPlane.list_tasks / list_actors / list_objects / list_nodes / list_jobs
-        -> records.*_state (Ray's names and states) -> common.select -> [TaskState, ...]
+        -> rtml.state.StateReader over the runtime's ControlPlane (the reader the command
+       line and the dashboard use too): records.*_state -> common.select -> [TaskState, ...]
 
 Ray's calls ask the dashboard's HTTP server, which asks the GCS and every raylet; rtml's
 read Redis, where rtml keeps that state, over the connection the process already has.
@@ -21,14 +21,13 @@ every reader). ``_explain`` is accepted and ignored.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from rtml.control_plane import ControlPlane
 from rtml.core import current
 from rtml.core.object_ref import ObjectRef
-from rtml.util.state import records, summary
-from rtml.util.state.common import (
+from rtml.state import StateReader
+from rtml.state.common import (
     DEFAULT_LIMIT,
     DEFAULT_RPC_TIMEOUT,
     ActorState,
@@ -36,58 +35,21 @@ from rtml.util.state.common import (
     JobState,
     NodeState,
     ObjectState,
-    S,
-    StateSchema,
     TaskState,
-    check_filters,
-    select,
 )
-
-_EVERY = 1 << 62  # "no limit" for the control plane's reads: the state API cuts its own
 
 Filters = Sequence[Filter] | None
 
 
-def _plane(tasks: bool = False) -> ControlPlane:
-    """The connected cluster's control plane; with ``tasks``, after this process's own
-    task records are written, so that a task that just ended is listed as ended."""
+def _reader(tasks: bool = False) -> StateReader:
+    """A reader of the connected cluster's control plane; with ``tasks``, after this
+    process's own task records are written, so that a task that just ended is listed as
+    ended."""
     rt = current.require_runtime()
     if tasks:
         rt.owner.settle()
         rt.writer.flush()
-    return rt.plane
-
-
-def _list(read: Callable[[], list[S]], schema: type[StateSchema], key: str,
-          filters: Filters, limit: int, detail: bool) -> list[S]:
-    checked = check_filters(filters, schema)
-    return select(read(), checked, key, limit, detail)
-
-
-def _tasks() -> list[TaskState]:
-    return [records.task_state(r) for r in _plane(tasks=True).list_tasks(limit=_EVERY)]
-
-
-def _actors() -> list[ActorState]:
-    return [records.actor_state(r) for r in _plane().list_actors()]
-
-
-def _objects() -> tuple[list[ObjectState], list[str]]:
-    """Every object's state, and the id of the process owning each."""
-    plane = _plane()
-    ips = {node["NodeID"]: records.node_ip(node) for node in plane.list_nodes()}
-    handles = records.actor_handles(plane.list_actors())
-    found = plane.list_objects(limit=_EVERY)
-    return ([records.object_state(r, ips, handles) for r in found],
-            [str(r.get("owner", "")) for r in found])
-
-
-def _nodes() -> list[NodeState]:
-    return [records.node_state(r) for r in _plane().list_nodes()]
-
-
-def _jobs() -> list[JobState]:
-    return [records.job_state(r) for r in _plane().list_jobs()]
+    return StateReader(rt.plane)
 
 
 # -- list ----------------------------------------------------------------------------------
@@ -99,7 +61,7 @@ def list_tasks(address: str | None = None, filters: Filters = None,
     """Tasks and actor calls of every job, by task id: the first ``limit`` that every
     filter holds for. Raises ValueError for a filter that is not
     ``(column, "=" | "!=", value)`` over a filterable column of TaskState."""
-    return _list(_tasks, TaskState, "task_id", filters, limit, detail)
+    return _reader(tasks=True).listing("tasks", filters, limit, detail)
 
 
 def list_actors(address: str | None = None, filters: Filters = None,
@@ -107,7 +69,7 @@ def list_actors(address: str | None = None, filters: Filters = None,
                 detail: bool = False, raise_on_missing_output: bool = True,
                 _explain: bool = False) -> list[ActorState]:
     """Actors, alive or dead, by actor id (filters as ``list_tasks``')."""
-    return _list(_actors, ActorState, "actor_id", filters, limit, detail)
+    return _reader().listing("actors", filters, limit, detail)
 
 
 def list_objects(address: str | None = None, filters: Filters = None,
@@ -117,7 +79,7 @@ def list_objects(address: str | None = None, filters: Filters = None,
     """Objects in the nodes' shared-memory stores (or spilled from them), by object id
     (filters as ``list_tasks``'). Small values kept in their owner's memory are not
     listed; a node records its store's objects each heartbeat (0.5 s)."""
-    return _list(lambda: _objects()[0], ObjectState, "object_id", filters, limit, detail)
+    return _reader().listing("objects", filters, limit, detail)
 
 
 def list_nodes(address: str | None = None, filters: Filters = None,
@@ -125,7 +87,7 @@ def list_nodes(address: str | None = None, filters: Filters = None,
                detail: bool = False, raise_on_missing_output: bool = True,
                _explain: bool = False) -> list[NodeState]:
     """Nodes, alive and dead, by node id (filters as ``list_tasks``')."""
-    return _list(_nodes, NodeState, "node_id", filters, limit, detail)
+    return _reader().listing("nodes", filters, limit, detail)
 
 
 def list_jobs(address: str | None = None, filters: Filters = None,
@@ -133,7 +95,7 @@ def list_jobs(address: str | None = None, filters: Filters = None,
               detail: bool = False, raise_on_missing_output: bool = True,
               _explain: bool = False) -> list[JobState]:
     """Jobs (drivers), running and ended, by job id (filters as ``list_tasks``')."""
-    return _list(_jobs, JobState, "job_id", filters, limit, detail)
+    return _reader().listing("jobs", filters, limit, detail)
 
 
 # -- get -----------------------------------------------------------------------------------
@@ -143,23 +105,22 @@ def get_task(id: str | ObjectRef, address: str | None = None, timeout: int = DEF
     """The task with this id (hex, or an ObjectRef it made), all columns; None if no
     such task is recorded. rtml keeps one record per task, its latest attempt's."""
     task_id = id if isinstance(id, str) else id.task_id().hex()
-    found = _plane(tasks=True).list_tasks({"task_id": task_id.lower()}, limit=_EVERY)
-    return records.task_state(found[0]) if found else None
+    return _reader(tasks=True).task_state(task_id)
 
 
 def get_actor(id: str, address: str | None = None, timeout: int = DEFAULT_RPC_TIMEOUT,
               _explain: bool = False) -> ActorState | None:
     """The actor with this (hex) id, all columns; None if there is none."""
-    return _find(_actors(), "actor_id", id)
+    return _find(_reader().actors(), "actor_id", id)
 
 
 def get_node(id: str, address: str | None = None, timeout: int = DEFAULT_RPC_TIMEOUT,
              _explain: bool = False) -> NodeState | None:
     """The node with this (hex) id, all columns; None if there is none."""
-    return _find(_nodes(), "node_id", id)
+    return _find(_reader().nodes(), "node_id", id)
 
 
-def _find(rows: list[S], key: str, wanted: str) -> S | None:
+def _find(rows: list[Any], key: str, wanted: str) -> Any:
     wanted = str(wanted).lower()
     return next((row for row in rows if getattr(row, key) == wanted), None)
 
@@ -171,7 +132,7 @@ def summarize_tasks(address: str | None = None, timeout: int = DEFAULT_RPC_TIMEO
                     _explain: bool = False) -> dict[str, Any]:
     """``{"cluster": {"summary": {name: {"func_or_class_name", "type", "state_counts"}},
     "total_tasks", "total_actor_tasks", "total_actor_scheduled", "summary_by"}}``."""
-    return summary.task_summary(_tasks())
+    return _reader(tasks=True).summarize("tasks")
 
 
 def summarize_actors(address: str | None = None, timeout: int = DEFAULT_RPC_TIMEOUT,
@@ -179,7 +140,7 @@ def summarize_actors(address: str | None = None, timeout: int = DEFAULT_RPC_TIME
                      _explain: bool = False) -> dict[str, Any]:
     """``{"cluster": {"summary": {class_name: {"class_name", "state_counts"}},
     "total_actors", "summary_by"}}``."""
-    return summary.actor_summary(_actors())
+    return _reader().summarize("actors")
 
 
 def summarize_objects(address: str | None = None, timeout: int = DEFAULT_RPC_TIMEOUT,
@@ -188,4 +149,4 @@ def summarize_objects(address: str | None = None, timeout: int = DEFAULT_RPC_TIM
     """``{"cluster": {"summary": {call_site: {"total_objects", "total_size_mb",
     "total_num_workers", "total_num_nodes", "task_state_counts", "ref_type_counts"}},
     "total_objects", "total_size_mb", "callsite_enabled", "summary_by"}}``."""
-    return summary.object_summary(*_objects())
+    return _reader().summarize("objects")

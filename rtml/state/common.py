@@ -115,6 +115,8 @@ class ActorState(StateSchema):
     """"" for an actor made without a name."""
     node_id: str | None = _column(filterable=True)
     ray_namespace: str | None = _column(filterable=True)
+    pid: int | None = _column(filterable=True)
+    """Its worker process; None until it has started."""
     required_resources: dict[str, float] | None = _column(filterable=False, detail=True)
     death_cause: dict[str, Any] | None = _column(filterable=False, detail=True)
     is_detached: bool | None = _column(filterable=False, detail=True)
@@ -132,6 +134,14 @@ class ObjectState(StateSchema):
     reference_type: str = _column(filterable=True)
     call_site: str = _column(filterable=True)
     ip: str | None = _column(filterable=True)
+    owner_id: str | None = _column(filterable=True, detail=True)
+    """rtml's: the process (worker or driver id, hex) that owns it."""
+    node_id: str | None = _column(filterable=True, detail=True)
+    """rtml's: the node of its primary copy."""
+    locations: dict[str, str] | None = _column(filterable=False, detail=True)
+    """rtml's: node id -> its copy there, SEALED (in shared memory) or SPILLED (on disk)."""
+    spilled: bool | None = _column(filterable=True, detail=True)
+    """rtml's: whether its primary copy is on disk."""
 
 
 @dataclass
@@ -179,6 +189,20 @@ class JobState(StateSchema):
 
 
 S = TypeVar("S", bound=StateSchema)
+
+
+def parse_filter(text: str) -> Filter:
+    """``"state=FAILED"`` or ``"name!=probe"`` (the command line's and the dashboard's
+    form) as a filter. Raises ValueError showing the form."""
+    key, sep, value = text.partition("!=")
+    predicate = "!="
+    if not sep:
+        key, sep, value = text.partition("=")
+        predicate = "="
+    if not sep or not key.strip():
+        raise ValueError(f"a filter is KEY=VALUE or KEY!=VALUE (e.g. state=FAILED), "
+                         f"got {text!r}")
+    return key.strip(), predicate, value.strip()
 
 
 def check_filters(filters: Sequence[Filter] | None, schema: type[StateSchema]) -> list[Filter]:

@@ -4,13 +4,21 @@ API's objects, in Ray's names and states. Pure functions: no Redis, no runtime.
 ::
 
     task record   {task_id, name, status, attempt, submit_ts, start_ts, end_ts,
-                   worker_pid, node_id, function_id, error?}            -> TaskState
+                   worker_pid, node_id, function_id, error?,
+                   failure? {attempt, error_class, traceback, ...}}     -> TaskState
+    its history   [each record as written]                             -> attempts
     actor record  {actor_id, class_name, state, name, namespace, node_id, restarts,
-                   error, detached, spec (hex msgpack ActorSpec)}      -> ActorState
-    object record {object_id, size, node_id, owner, state, locations}  -> ObjectState
+                   error, detached, pid, spec (hex msgpack ActorSpec)} -> ActorState
+    object record {object_id, size, node_id, owner, state, locations,
+                   location_states}                                    -> ObjectState
     node record   {NodeID, Alive, NodeManagerAddress, Resources, start_ts, DeathTime?}
                                                                        -> NodeState
     job record    {JobID, IsDead, pid, StartTime, EndTime?}            -> JobState
+    submission    {submission_id, entrypoint, status, message, start_time, end_time,
+                   pid} (``rtml job submit``)                          -> JobState
+
+A task whose code raised has the traceback its worker wrote (``failure``, one per
+attempt that raised); the other failures have the error its owner wrote (``error``).
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from typing import Any
 import msgspec
 
 from rtml.rpc.messages import ActorSpec
-from rtml.util.state.common import (
+from rtml.state.common import (
     ActorState,
     DriverInfo,
     JobState,
@@ -76,9 +84,13 @@ def task_state(record: dict[str, Any]) -> TaskState:
 
 def _task_error(record: dict[str, Any]) -> tuple[str, str | None]:
     """(Ray's error type, the message) of a failed task. A task whose code raised has
-    no ``error`` in its record (the error lives in its return object)."""
+    no ``error`` in its record but the traceback of its last attempt (``failure``;
+    None if that was not recorded)."""
     text = record.get("error")
     if not text:
+        failure = record.get("failure")
+        if isinstance(failure, dict) and failure.get("attempt") == record.get("attempt"):
+            return EXECUTION_ERROR, str(failure.get("traceback") or "") or None
         return EXECUTION_ERROR, None
     text = str(text)
     if text == _DEPENDENCY_FAILED:
@@ -90,6 +102,32 @@ def _task_error(record: dict[str, Any]) -> tuple[str, str | None]:
         kind = "TASK_UNSCHEDULABLE_ERROR" if _UNSCHEDULABLE in message else "LOCAL_RAYLET_DIED"
         return kind, message
     return ERROR_TYPES.get(class_name, EXECUTION_ERROR), message
+
+
+def attempts(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A task's attempts, oldest first, from its records as written
+    (``ControlPlane.task_history``): each ``{attempt, status, start_ts, end_ts,
+    worker_pid, node_id, error_type, error}`` as far as recorded. An attempt lost with
+    its worker or node, and retried, leaves no record of its own."""
+    found: dict[int, dict[str, Any]] = {}
+    for record in history:
+        failure = record.get("failure")
+        if isinstance(failure, dict):
+            attempt = found.setdefault(int(failure.get("attempt") or 0), {})
+            attempt.update(status="FAILED", error_type=EXECUTION_ERROR,
+                           error=failure.get("traceback"), end_ts=failure.get("end_ts"),
+                           worker_pid=failure.get("worker_pid"), node_id=failure.get("node_id"))
+        if "status" not in record or record.get("status") == "PENDING":
+            continue  # a submission: no attempt ran yet
+        attempt = found.setdefault(int(record.get("attempt") or 0), {})
+        fields = {k: record[k] for k in ("status", "start_ts", "end_ts", "worker_pid",
+                                         "node_id") if record.get(k) is not None}
+        if record.get("error"):
+            fields["error_type"], fields["error"] = _task_error(record)
+        attempt.update(fields)
+    return [{"attempt": n, "status": "PENDING", "start_ts": None, "end_ts": None,
+             "worker_pid": None, "node_id": None, "error_type": None, "error": None,
+             **found[n]} for n in sorted(found)]
 
 
 def _parse_repr(text: str) -> tuple[str, str]:
@@ -120,7 +158,7 @@ def actor_state(record: dict[str, Any]) -> ActorState:
         state=state, job_id=str(record.get("job_id", "")), name=str(record.get("name", "")),
         node_id=record.get("node_id") or None, ray_namespace=record.get("namespace"),
         required_resources=None if spec is None else dict(spec.shape), death_cause=death,
-        is_detached=bool(record.get("detached", False)),
+        pid=int(record.get("pid") or 0) or None, is_detached=bool(record.get("detached", False)),
         num_restarts=int(record.get("restarts") or 0))
 
 
@@ -153,7 +191,11 @@ def object_state(record: dict[str, Any], node_ips: dict[str, str],
         # A record lives while a reference does; rtml does not record which kind.
         reference_type="ACTOR_HANDLE" if object_id in handles else "LOCAL_REFERENCE",
         call_site="disabled",  # Ray's text when call sites are not recorded
-        ip=node_ips.get(str(record.get("node_id", ""))))
+        ip=node_ips.get(str(record.get("node_id", ""))),
+        owner_id=str(record.get("owner") or "") or None,
+        node_id=str(record.get("node_id") or "") or None,
+        locations=dict(record.get("location_states") or {}),
+        spilled=record.get("state") == "SPILLED")
 
 
 def node_state(record: dict[str, Any]) -> NodeState:
@@ -183,6 +225,18 @@ def job_state(record: dict[str, Any]) -> JobState:
         status="SUCCEEDED" if record.get("IsDead") else "RUNNING", message=None,
         error_type=None, driver_info=DriverInfo(pid=None if pid is None else str(pid)),
         start_time=_ms(record.get("StartTime")), end_time=_ms(record.get("EndTime")))
+
+
+def submission_state(record: dict[str, Any]) -> JobState:
+    """A submitted job's record (``rtml job submit``) as a JobState (all columns)."""
+    pid = record.get("pid")
+    return JobState(
+        job_id=str(record["submission_id"]), submission_id=str(record["submission_id"]),
+        entrypoint=str(record.get("entrypoint", "")), type="SUBMISSION",
+        status=str(record.get("status", "")), message=str(record.get("message") or "") or None,
+        error_type=None, driver_info=DriverInfo(pid=str(pid) if pid else None),
+        start_time=int(record.get("start_time") or 0) or None,
+        end_time=int(record.get("end_time") or 0) or None)
 
 
 def _ms(seconds: Any) -> int | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from rtml.util.state.common import ActorState, ObjectState, TaskState
+from rtml.state.common import ActorState, ObjectState, TaskState
 
 _MIB = float(1 << 20)
 
@@ -69,3 +69,27 @@ def object_summary(objects: list[ObjectState], owners: list[str]) -> dict[str, A
 
 def _count(counts: dict[str, int], key: str) -> None:
     counts[key] = counts.get(key, 0) + 1
+
+
+def memory_summary(objects: list[ObjectState]) -> dict[str, Any]:
+    """``rtml memory``: the objects (detail columns filled) by the process owning them,
+    largest owner first: ``{"owners": [{"owner_id", "objects", "bytes", "spilled_bytes",
+    "nodes", "object_ids"}], "total_objects", "total_bytes", "spilled_bytes"}``."""
+    owners: dict[str, dict[str, Any]] = {}
+    for obj in objects:
+        owner = obj.owner_id or "?"
+        group = owners.setdefault(owner, {"owner_id": owner, "objects": 0, "bytes": 0,
+                                          "spilled_bytes": 0, "nodes": set(),
+                                          "object_ids": []})
+        size = max(obj.object_size, 0)
+        group["objects"] += 1
+        group["bytes"] += size
+        group["spilled_bytes"] += size if obj.spilled else 0
+        group["nodes"].update(obj.locations or {})
+        group["object_ids"].append(obj.object_id)
+    ranked = sorted(owners.values(), key=lambda g: (-g["bytes"], g["owner_id"]))
+    for group in ranked:
+        group["nodes"] = sorted(group["nodes"])
+    return {"owners": ranked, "total_objects": len(objects),
+            "total_bytes": sum(g["bytes"] for g in ranked),
+            "spilled_bytes": sum(g["spilled_bytes"] for g in ranked)}

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from rtml.util.state import records
-from rtml.util.state.common import NodeState, TaskState, check_filters, select
+from rtml.state import records
+from rtml.state.common import NodeState, TaskState, check_filters, select
 
 
 def task(**fields: Any) -> dict[str, Any]:

@@ -1,0 +1,469 @@
+"""The dashboard and the state commands against a real head (``rtml start --head``: Redis,
+the head supervisor, the head service, a node manager and the dashboard as daemons over
+TCP), after a driver ran tasks, an actor, a failed task and a large object: the token on
+every route, cross-site posts refused, loopback by default, what the JSON API and the
+CLI say, and every page in a real headless browser (screenshots in
+benchmarks/dashboard/)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import psutil
+import pytest
+
+from rtml.dashboard.app import ROUTES
+from tests.integration.test_cli import CLI_TIMEOUT, Head, _free_port, _stop, rtml
+
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "benchmarks" / "dashboard"
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+ERROR_TEXT = "the dashboard must show this error"
+BIG_BYTES = 50_000 * 8  # > 100 KiB: it lives in the node's shared memory
+
+WORKLOAD = f"""
+import json, sys
+import numpy as np
+import rtml
+rtml.init(address="auto")
+
+@rtml.remote
+def square(x):
+    return x * x
+
+@rtml.remote(max_retries=0)
+def explode():
+    raise ValueError({ERROR_TEXT!r})
+
+@rtml.remote
+class Accumulator:
+    def __init__(self):
+        self.total = 0
+
+    def add(self, x):
+        self.total += x
+        return self.total
+
+acc = Accumulator.options(name="accumulator").remote()
+assert rtml.get([square.remote(i) for i in range(4)]) == [0, 1, 4, 9]
+assert rtml.get(acc.add.remote(5)) == 5
+failed = explode.remote()
+try:
+    rtml.get(failed)
+except ValueError:
+    pass
+big = rtml.put(np.arange(50_000, dtype=np.float64))
+print(json.dumps({{"failed": failed.task_id().hex(), "big": big.hex()}}), flush=True)
+sys.stdin.readline()  # keep the actor and the object alive until the tests are done
+"""
+
+
+@dataclass
+class Dash:
+    head: Head
+    url: str
+    ids: dict[str, str]
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        parts = urlsplit(self.url)
+        assert parts.hostname is not None and parts.port is not None
+        return parts.hostname, parts.port
+
+    def request(self, method: str, path: str, headers: dict[str, str] | None = None,
+                body: str | None = None) -> tuple[int, dict[str, str], str]:
+        conn = http.client.HTTPConnection(*self.host_port, timeout=30)
+        try:
+            conn.request(method, path, body=body, headers=headers or {})
+            response = conn.getresponse()
+            return (response.status, {k.lower(): v for k, v in response.getheaders()},
+                    response.read().decode())
+        finally:
+            conn.close()
+
+    def api(self, path: str) -> Any:
+        status, _, body = self.request("GET", path,
+                                       {"Authorization": f"Bearer {self.head.token}"})
+        assert status == 200, body
+        return json.loads(body)
+
+    def until(self, path: str, ok: Callable[[Any], bool], timeout: float = 20.0) -> Any:
+        """The API's answer at ``path`` once ``ok`` holds for it (records are written
+        in batches and node heartbeats)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = self.api(path)
+            if ok(value) or time.monotonic() > deadline:
+                return value
+            time.sleep(0.25)
+
+
+@pytest.fixture(scope="module")
+def dash(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dash]:
+    cwd = tmp_path_factory.mktemp("dashboard")
+    session_dir = cwd / "head"
+    port = _free_port()
+    started = rtml("start", "--head", "--port", str(_free_port()), "--num-cpus", "2",
+                   "--dashboard-port", str(port), "--session-dir", str(session_dir), cwd=cwd)
+    try:
+        assert started.returncode == 0, started.stderr
+        values = dict(line.split("=", 1) for line in started.stdout.splitlines()
+                      if line.startswith(("RTML_ADDRESS=", "RTML_TOKEN=")))
+        head = Head(session_dir, cwd, values["RTML_ADDRESS"], values["RTML_TOKEN"],
+                    started.stdout)
+        driver = head.driver(WORKLOAD, stdin=subprocess.PIPE)
+        try:
+            assert driver.stdout is not None
+            line = driver.stdout.readline()
+            assert line, driver.communicate(timeout=CLI_TIMEOUT)[1]
+            yield Dash(head, f"http://127.0.0.1:{port}", json.loads(line))
+        finally:
+            driver.communicate("\n", timeout=CLI_TIMEOUT)
+    finally:
+        _stop(session_dir, cwd)
+
+
+def _dashboard_process(dash: Dash) -> psutil.Process:
+    record = json.loads((dash.head.session_dir / "session.json").read_text())
+    supervisor = next(p for p in record["processes"] if p["name"] == "supervisor")
+    children = psutil.Process(supervisor["pid"]).children()
+    return next(c for c in children if "rtml.dashboard.main" in c.cmdline())
+
+
+# -- where it listens ------------------------------------------------------------------------
+
+def test_dashboard_is_named_and_listens_on_loopback(dash: Dash) -> None:
+    assert f"dashboard:      {dash.url}" in dash.head.stdout
+    record = json.loads((dash.head.session_dir / "session.json").read_text())
+    assert record["dashboard_url"] == dash.url
+    listening = [c.laddr for c in _dashboard_process(dash).net_connections("tcp")
+                 if c.status == psutil.CONN_LISTEN]
+    assert [(a.ip, a.port) for a in listening] == [dash.host_port]
+    status = dash.head.cli("status")
+    assert status.returncode == 0, status.stderr
+    assert f"Dashboard: {dash.url}" in status.stdout
+
+
+def test_a_dashboard_that_dies_is_started_again_on_its_port(dash: Dash) -> None:
+    first = _dashboard_process(dash)
+    first.kill()
+    first.wait(10)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            status, _, _ = dash.request("GET", "/login")
+            if status == 200:
+                break
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, "the dashboard did not come back"
+        time.sleep(0.2)
+    assert _dashboard_process(dash).pid != first.pid
+
+
+def test_a_taken_dashboard_port_is_an_error_naming_the_flag(dash: Dash,
+                                                             tmp_path: Path) -> None:
+    taken = dash.host_port[1]
+    result = rtml("start", "--head", "--port", "0", "--dashboard-port", str(taken),
+                  "--session-dir", str(tmp_path / "other"), cwd=tmp_path)
+    assert result.returncode == 1
+    assert "--dashboard-port" in result.stderr and str(taken) in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+# -- the token --------------------------------------------------------------------------------
+
+SAMPLES = {"kind": "tasks", "id": "00" * 16, "name": "head.log"}
+
+
+def _concrete(path: str) -> str:
+    for key, value in SAMPLES.items():
+        path = path.replace("{" + key + "}", value)
+    return path.split("{kind:")[0] + "tasks" if "{kind:" in path else path
+
+
+@pytest.mark.parametrize("method,path", [(m, _concrete(p)) for m, p, _ in ROUTES
+                                         if p != "/login"])
+@pytest.mark.parametrize("credentials", [
+    {}, {"Authorization": "Bearer not-the-token"}, {"Cookie": "rtml_session=forged"}],
+    ids=["none", "wrong-bearer", "forged-cookie"])
+def test_every_route_needs_the_token(dash: Dash, method: str, path: str,
+                                     credentials: dict[str, str]) -> None:
+    status, headers, body = dash.request(method, path, credentials)
+    if path.startswith("/api/"):
+        assert status == 401, (path, body)
+        assert "log in first" in json.loads(body)["error"]
+    else:
+        assert (status, headers.get("location")) == (302, "/login"), path
+    right = dash.request(method, path, {"Authorization": f"Bearer {dash.head.token}"})[0]
+    assert right in (200, 303, 404), (path, right)  # (404: the sample id is nobody's)
+
+
+def test_the_login_form_and_assets_need_no_token(dash: Dash) -> None:
+    status, _, body = dash.request("GET", "/login")
+    assert status == 200 and 'name="token"' in body
+    assert dash.request("GET", "/static/app.js")[0] == 200
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    status, headers, body = dash.request("POST", "/login", form, "token=wrong")
+    assert status == 401 and "not this cluster&#x27;s token" in body
+    assert "set-cookie" not in headers
+
+
+def test_login_sets_a_strict_httponly_cookie_that_is_not_the_token(dash: Dash) -> None:
+    host, port = dash.host_port
+    status, headers, _ = dash.request(
+        "POST", "/login", {"Content-Type": "application/x-www-form-urlencoded",
+                           "Origin": f"http://{host}:{port}", "Sec-Fetch-Site": "same-origin"},
+        f"token={dash.head.token}")
+    assert (status, headers["location"]) == (303, "/")
+    cookie = headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
+    value = cookie.split(";")[0].split("=", 1)[1]
+    assert value and dash.head.token not in value
+    status, _, body = dash.request("GET", "/api/cluster", {"Cookie": f"rtml_session={value}"})
+    assert status == 200 and json.loads(body)["nodes"]
+
+
+@pytest.mark.parametrize("headers", [
+    {"Origin": "http://evil.example"}, {"Sec-Fetch-Site": "cross-site"},
+    {"Sec-Fetch-Site": "same-site", "Origin": "http://127.0.0.1:1"}])
+def test_cross_site_posts_are_refused(dash: Dash, headers: dict[str, str]) -> None:
+    form = {"Content-Type": "application/x-www-form-urlencoded", **headers}
+    status, answer, body = dash.request("POST", "/login", form, f"token={dash.head.token}")
+    assert status == 403 and "cross-site" in body
+    assert "set-cookie" not in answer
+    bearer = {**headers, "Authorization": f"Bearer {dash.head.token}"}
+    assert dash.request("POST", "/logout", bearer)[0] == 403
+
+
+# -- the JSON API and the CLI say the same ---------------------------------------------------
+
+def test_api_and_cli_show_the_failed_task_with_its_traceback(dash: Dash) -> None:
+    failed = dash.ids["failed"]
+    rows = dash.until("/api/tasks?filter=state%3DFAILED", lambda rows: len(rows) == 1)
+    assert [r["task_id"] for r in rows] == [failed]
+    task = dash.until(f"/api/tasks/{failed}", lambda t: bool(t["error_message"]))
+    assert task["name"] == "explode" and task["error_type"] == "TASK_EXECUTION_EXCEPTION"
+    assert ERROR_TEXT in task["error_message"] and "Traceback" in task["error_message"]
+    assert [(a["attempt"], a["status"]) for a in task["attempts"]] == [(0, "FAILED")]
+    assert task["replay"] == f"rtml debug {failed}"
+    shown = dash.head.cli("get", "task", failed)
+    assert shown.returncode == 0, shown.stderr
+    assert ERROR_TEXT in shown.stdout and f"rtml debug {failed}" in shown.stdout
+    assert "Attempts:" in shown.stdout
+    listed = dash.head.cli("list", "tasks", "--filter", "state=FAILED", "--format", "json")
+    assert [r["task_id"] for r in json.loads(listed.stdout)] == [failed]
+
+
+def test_list_filters_limit_and_summary(dash: Dash) -> None:
+    dash.until("/api/tasks?filter=name%3Dsquare", lambda rows: len(rows) == 4)
+    squares = json.loads(dash.head.cli("list", "tasks", "--filter", "name=square",
+                                       "--filter", "state=FINISHED", "--format", "json").stdout)
+    assert sorted(r["name"] for r in squares) == ["square"] * 4
+    others = json.loads(dash.head.cli("list", "tasks", "--filter", "name!=square",
+                                      "--format", "json").stdout)
+    assert sorted(r["name"] for r in others) == ["Accumulator.add", "explode"]
+    one = json.loads(dash.head.cli("list", "tasks", "--limit", "1", "--format", "json").stdout)
+    assert len(one) == 1
+    summary = json.loads(dash.head.cli("summary", "tasks", "--format", "json").stdout)
+    groups = summary["cluster"]["summary"]
+    assert groups["square"]["state_counts"] == {"FINISHED": 4}
+    assert groups["explode"]["state_counts"] == {"FAILED": 1}
+    assert dash.api("/api/summary/tasks") == summary
+    table = dash.head.cli("summary", "tasks").stdout
+    assert "square" in table and "4 FINISHED" in table
+
+
+def test_bad_filters_and_ids_name_the_fix(dash: Dash) -> None:
+    wrong = dash.head.cli("list", "tasks", "--filter", "colour=red")
+    assert wrong.returncode == 1 and "filter on one of" in wrong.stderr
+    assert "Traceback" not in wrong.stderr
+    malformed = dash.head.cli("list", "actors", "--filter", "state")
+    assert malformed.returncode == 1 and "KEY=VALUE or KEY!=VALUE" in malformed.stderr
+    bad_id = dash.head.cli("get", "actor", "nope")
+    assert bad_id.returncode == 1 and "32 hex digits" in bad_id.stderr
+    unknown = dash.head.cli("get", "task", "ab" * 16)
+    assert unknown.returncode == 1 and "rtml list tasks" in unknown.stderr
+    status, _, body = dash.request("GET", "/api/tasks?filter=colour%3Dred",
+                                   {"Authorization": f"Bearer {dash.head.token}"})
+    assert status == 400 and "filter on one of" in json.loads(body)["error"]
+
+
+def test_actor_and_memory(dash: Dash) -> None:
+    actors = dash.until("/api/actors?detail=1", lambda rows: rows and rows[0]["pid"])
+    (actor,) = actors
+    assert (actor["class_name"], actor["state"], actor["name"]) == (
+        "Accumulator", "ALIVE", "accumulator")
+    assert psutil.pid_exists(actor["pid"]) and actor["num_restarts"] == 0
+    shown = json.loads(dash.head.cli("get", "actor", actor["actor_id"], "--format",
+                                     "json").stdout)
+    assert shown["pid"] == actor["pid"] and shown["max_restarts"] == 0
+    memory = dash.until("/api/memory", lambda m: m["total_objects"] >= 1)
+    (big,) = [o for o in memory["objects"] if o["object_id"] == dash.ids["big"]]
+    assert big["object_size"] >= BIG_BYTES and big["spilled"] is False
+    assert list(big["locations"].values()) == ["SEALED"]
+    cli = json.loads(dash.head.cli("memory", "--format", "json").stdout)
+    assert cli["total_bytes"] == memory["total_bytes"] >= BIG_BYTES
+    text = dash.head.cli("memory").stdout
+    assert "By owner:" in text and dash.ids["big"] in text
+
+
+def test_timeline_in_the_api_as_rtml_timeline_writes_it(dash: Dash) -> None:
+    events = dash.until("/api/timeline", lambda e: len(e) >= 6)
+    trace = dash.head.cwd / "trace.json"
+    assert dash.head.cli("timeline", "-o", str(trace)).returncode == 0
+    assert sorted(e["name"] for e in json.loads(trace.read_text())) == sorted(
+        e["name"] for e in events)
+    status, headers, _ = dash.request("GET", "/api/timeline?download=1",
+                                      {"Authorization": f"Bearer {dash.head.token}"})
+    assert status == 200 and "attachment" in headers["content-disposition"]
+
+
+def test_logs_list_read_and_refuse_paths(dash: Dash) -> None:
+    names = {f["name"] for f in dash.api("/api/logs")}
+    assert {"head.log", "node_manager.log", "dashboard.log"} <= names
+    assert any(n.startswith("worker-") for n in names)
+    chunk = dash.api("/api/logs/head.log?offset=0")
+    assert "serving on" in chunk["text"] and chunk["next_offset"] == len(
+        chunk["text"].encode())
+    for name in ("..%2Fsession.json", "token", "..%2F..%2Fetc%2Fpasswd"):
+        status, _, _ = dash.request("GET", f"/api/logs/{name}",
+                                    {"Authorization": f"Bearer {dash.head.token}"})
+        assert status == 404, name
+
+
+# -- every page in a real browser -----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
+        pytest.skip(f"no headless browser: {CHROMIUM} and {CHROMEDRIVER} are installed by "
+                    f"`apt-get install chromium chromium-driver` (.ci/run does)")
+    webdriver = pytest.importorskip("selenium.webdriver")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync",
+                 "--window-size=1400,1000",
+                 f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"):
+        options.add_argument(flag)
+    service = webdriver.ChromeService(executable_path=CHROMEDRIVER)
+    driver = webdriver.Chrome(options=options, service=service)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _wait_text(browser: Any, element_id: str, wanted: str, timeout: float = 20.0) -> str:
+    from selenium.common.exceptions import NoSuchElementException
+    deadline = time.monotonic() + timeout
+    text = ""
+    while time.monotonic() < deadline:
+        try:
+            text = browser.find_element("id", element_id).text
+        except NoSuchElementException:
+            text = ""
+        if wanted in text:
+            return text
+        time.sleep(0.2)
+    raise AssertionError(f"#{element_id} never showed {wanted!r}; it shows {text[:500]!r} "
+                         f"(at {browser.current_url}: {browser.page_source[:1500]})")
+
+
+def _shot(browser: Any, name: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    assert browser.save_screenshot(str(SCREENSHOTS / f"{name}.png"))
+
+
+def test_every_page_in_a_browser(dash: Dash, browser: Any) -> None:
+    dash.until(f"/api/tasks/{dash.ids['failed']}", lambda t: bool(t["error_message"]))
+    dash.until("/api/memory", lambda m: m["total_objects"] >= 1)
+    browser.get(dash.url + "/")
+    assert browser.current_url == dash.url + "/login"
+    browser.find_element("id", "token").send_keys("wrong")
+    browser.find_element("id", "login-button").click()
+    assert "not this cluster's token" in _wait_text(browser, "login-error", "token")
+    _shot(browser, "login")
+    browser.find_element("id", "token").send_keys(dash.head.token)
+    browser.find_element("id", "login-button").click()
+    assert _wait_text(browser, "view-title", "Cluster")
+    assert browser.get_cookie("rtml_session")["httpOnly"] is True
+
+    nodes = _wait_text(browser, "nodes-table", "ALIVE")
+    assert "CPU used/total" in nodes and "0 / 2" in nodes  # (an actor holds no CPU alive)
+    assert "ALIVE" in _wait_text(browser, "actor-counts", "ALIVE")
+    _wait_text(browser, "demand-none", "No pending demand")
+    _shot(browser, "cluster")
+
+    browser.get(dash.url + "/#jobs")
+    assert "RUNNING" in _wait_text(browser, "jobs-table", "DRIVER")
+    _shot(browser, "jobs")
+
+    browser.get(dash.url + "/#tasks")
+    tasks = _wait_text(browser, "tasks-table", "explode")
+    assert "square" in tasks and "FAILED" in tasks and "Accumulator.add" in tasks
+    browser.find_element("id", "filter-input").send_keys("state=FAILED")
+    browser.find_element("css selector", "#task-filter button").click()
+    filtered = _wait_text(browser, "tasks-table", "explode")
+    _wait_until_gone(browser, "tasks-table", "square")
+    _shot(browser, "tasks")
+    assert "explode" in filtered
+    browser.find_element("link text", dash.ids["failed"]).click()
+    assert ERROR_TEXT in _wait_text(browser, "task-error", ERROR_TEXT)
+    assert _wait_text(browser, "replay", "rtml debug") == f"rtml debug {dash.ids['failed']}"
+    assert "FAILED" in _wait_text(browser, "attempts-table", "FAILED")
+    _shot(browser, "task-failed")
+
+    browser.get(dash.url + "/#actors")
+    actors = _wait_text(browser, "actors-table", "Accumulator")
+    assert "ALIVE" in actors and "accumulator" in actors
+    _shot(browser, "actors")
+
+    size = next(o["object_size"] for o in dash.api("/api/memory")["objects"]
+                if o["object_id"] == dash.ids["big"])
+    browser.get(dash.url + "/#objects")
+    objects = _wait_text(browser, "objects-table", dash.ids["big"])
+    assert f"{size / 1024:.1f} KiB" in objects and "SEALED" in objects
+    _shot(browser, "objects")
+
+    browser.get(dash.url + "/#timeline")
+    assert "square" in _wait_text(browser, "timeline-lanes", "square")
+    link = browser.find_element("id", "timeline-download").get_attribute("href")
+    assert link == dash.url + "/api/timeline?download=1"
+    _shot(browser, "timeline")
+
+    browser.get(dash.url + "/#logs")
+    assert "node_manager.log" in _wait_text(browser, "logs-table", "head.log")
+    _shot(browser, "logs")
+    probe = dash.head.session_dir / "logs" / "probe.log"
+    probe.write_text("first line\n")
+    browser.get(dash.url + "/#log/probe.log")
+    _wait_text(browser, "log-text", "first line")
+    with probe.open("a") as f:
+        f.write("a line written while the page follows\n")
+    _wait_text(browser, "log-text", "a line written while the page follows")
+    _shot(browser, "log-follow")
+
+    browser.get(dash.url + "/#cluster")
+    _wait_text(browser, "nodes-table", "ALIVE")
+    browser.find_element("id", "logout").click()
+    _wait_text(browser, "login-button", "Log in")
+    browser.get(dash.url + "/#tasks")
+    assert browser.current_url.startswith(dash.url + "/login")  # (a redirect keeps the #)
+
+
+def _wait_until_gone(browser: Any, element_id: str, text: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while text in browser.find_element("id", element_id).text:
+        assert time.monotonic() < deadline, f"#{element_id} still shows {text!r}"
+        time.sleep(0.2)
+
