@@ -13,6 +13,7 @@ with ``read_segment``, then ``--repeats`` rounds of timed pulls, one by each pat
     side stream (splice)  what ``pull`` does for a large object
     side stream (mmap)    the same, received with ``recv_into`` an ``mmap`` of the file
     chunked Pull          the gRPC stream of chunks, for comparison
+    chunked Pull, TLS     what a pull does in a cluster started with ``--tls``
 
 For each it prints the median, best and worst rate in GB/s (10^9 bytes per second, counting
 the segment file's bytes) and the CPU time each side spent per GB moved, which is steadier
@@ -27,8 +28,10 @@ import multiprocessing as mp
 import os
 import pickle
 import resource
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -38,8 +41,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rtml.objectstore import read_segment, segment_path, transfer_stream, write_segment  # noqa: E402
+from rtml.objectstore import (  # noqa: E402
+    read_segment,
+    segment_path,
+    transfer_stream,
+    write_segment,
+)
+from rtml.objectstore.private import create_store_dir, remove_store_dir  # noqa: E402
 from rtml.objectstore.transfer import TransferServer, close_channels, pull  # noqa: E402
+from rtml.rpc.tls import make_certificate  # noqa: E402
 
 MiB = 1024 * 1024
 TOKEN = "bench-token"
@@ -47,11 +57,13 @@ BUDGET_GBPS = 1.0
 
 
 class Way(NamedTuple):
-    """One way of pulling: its label, the holder address to use, the side-stream receiver."""
+    """One way of pulling: its label, the holder address to use, the side-stream receiver,
+    and the holder's TLS certificate (b"": plain)."""
 
     label: str
     address: str
     receiver: str
+    root_cert: bytes = b""
 
 
 class Result(NamedTuple):
@@ -69,24 +81,30 @@ def _cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _serve(conn: Connection, namespace: str, object_id: bytes, mb: int) -> None:
-    """Child: store the object and serve it twice (side streams on, off); sends both
-    addresses, then answers "cpu" with its CPU seconds until "stop"."""
-    path = segment_path(namespace, object_id)
+def _serve(conn: Connection, object_id: bytes, mb: int) -> None:
+    """Child: store the object in a private store directory of its own and serve it three
+    times (side streams on, off, TLS); sends the addresses and the TLS certificate, then
+    answers "cpu" with its CPU seconds until "stop"."""
+    store = create_store_dir(os.urandom(12).hex())
+    path = segment_path(store, object_id)
     buffers: list[pickle.PickleBuffer] = []
     inband = pickle.dumps(_array(mb), protocol=5, buffer_callback=buffers.append)
     write_segment(path, inband, buffers)
-    servers = [TransferServer("127.0.0.1", TOKEN, lambda oid: path if oid == object_id else None)
-               for _ in range(2)]
+    locate = lambda oid: path if oid == object_id else None  # noqa: E731
+    cert_dir = tempfile.mkdtemp()
+    cert, key = make_certificate(cert_dir)
+    servers = [TransferServer("127.0.0.1", TOKEN, locate) for _ in range(2)]
     servers[1].stream_min_bytes = 2**63  # never: every object through Pull
+    servers.append(TransferServer("127.0.0.1", TOKEN, locate, tls_files=(cert, key)))
     try:
-        conn.send([server.start() for server in servers])
+        conn.send([server.start() for server in servers] + [Path(cert).read_bytes()])
         while conn.recv() == "cpu":
             conn.send(_cpu_seconds())
     finally:
         for server in servers:
             server.stop(0)
-        os.unlink(path)
+        remove_store_dir(store)
+        shutil.rmtree(cert_dir)
 
 
 def _server_cpu(conn: Connection) -> float:
@@ -98,7 +116,8 @@ def _pull_once(way: Way, object_id: bytes, dest: str) -> float:
     """One timed pull by ``way``; returns its rate in GB/s."""
     transfer_stream.STREAM_RECEIVER = way.receiver
     start = time.perf_counter()
-    size = pull(way.address, TOKEN, object_id, dest, requester_node=b"bench")
+    size = pull(way.address, TOKEN, object_id, dest, requester_node=b"bench",
+                root_cert=way.root_cert)
     rate = size / (time.perf_counter() - start) / 1e9
     os.unlink(dest)
     return rate
@@ -107,7 +126,7 @@ def _pull_once(way: Way, object_id: bytes, dest: str) -> float:
 def _warm_up(way: Way, object_id: bytes, dest: str, mb: int) -> None:
     """One untimed pull whose copy must read back as the original array."""
     transfer_stream.STREAM_RECEIVER = way.receiver
-    pull(way.address, TOKEN, object_id, dest)
+    pull(way.address, TOKEN, object_id, dest, root_cert=way.root_cert)
     inband, buffers = read_segment(dest)
     if not np.array_equal(pickle.loads(inband, buffers=buffers), _array(mb)):
         raise SystemExit(f"{way.label}: pulled copy at {dest} differs from the original")
@@ -133,10 +152,11 @@ def _measure(conn: Connection, ways: list[Way], object_id: bytes, dest: str,
 
 
 def _run(conn: Connection, object_id: bytes, args: argparse.Namespace) -> None:
-    streaming, chunked = conn.recv()
+    streaming, chunked, tls, cert = conn.recv()
     ways = [Way("side stream (splice)", streaming, "splice"),
             Way("side stream (mmap)", streaming, "mmap"),
-            Way("chunked Pull", chunked, "splice")]
+            Way("chunked Pull", chunked, "splice"),
+            Way("chunked Pull, TLS", tls, "splice", cert)]
     dest = os.path.join(args.dest_dir, f"rtml-benchpull-{object_id.hex()}")
     try:
         for way in ways:
@@ -170,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     object_id = os.urandom(20)
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_serve, args=(child, f"bench{os.getpid()}", object_id, args.mb))
+    proc = ctx.Process(target=_serve, args=(child, object_id, args.mb))
     proc.start()
     child.close()  # so a holder that dies turns our recv() into EOFError, not a hang
     try:
