@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 import rtml
-from rtml import api
+from rtml import driver
 from rtml.testing import Cluster
 
 HUNDRED_MB = 100 * 1024 * 1024
@@ -74,7 +74,7 @@ class Echo:
 
 
 def _head_pid() -> int:
-    started = api._embedded
+    started = driver._embedded
     assert started is not None and started.supervisor is not None
     assert started.supervisor.proc is not None
     return started.supervisor.proc.pid
@@ -84,7 +84,7 @@ def _worker_pids() -> list[int]:
     """The node's workers: the children of its worker zygote."""
     import psutil
 
-    started = api._embedded
+    started = driver._embedded
     assert started is not None
     (zygote,) = psutil.Process(started.procs[-1].pid).children()
     return [p.pid for p in zygote.children()]
@@ -146,7 +146,7 @@ def _after_redis_kill(rounds: int) -> list[float]:
         rtml.init(num_cpus=2)
         try:
             rtml.get(square.remote(1))
-            started = api._embedded
+            started = driver._embedded
             assert started is not None and started.keeper is not None
             os.kill(started.keeper.pid, signal.SIGKILL)
             start = time.perf_counter()

@@ -27,13 +27,10 @@ if TYPE_CHECKING:
         get_actor,
         get_gpu_ids,
         get_runtime_context,
-        init,
-        is_initialized,
         kill,
         nodes,
         put,
         remote,
-        shutdown,
         timeline,
         wait,
     )
@@ -41,13 +38,15 @@ if TYPE_CHECKING:
     from rtml.core.generators import ObjectRefGenerator
     from rtml.core.object_ref import ObjectRef
     from rtml.core.options import NodeAffinitySchedulingStrategy
+    from rtml.driver import init, is_initialized, shutdown
 
 __version__ = "0.1.0"
 
 _HOME = {
     **dict.fromkeys(["available_resources", "cancel", "cluster_resources", "get", "get_actor",
-                     "get_gpu_ids", "get_runtime_context", "init", "is_initialized", "kill",
-                     "nodes", "put", "remote", "shutdown", "timeline", "wait"], "rtml.api"),
+                     "get_gpu_ids", "get_runtime_context", "kill", "nodes", "put", "remote",
+                     "timeline", "wait"], "rtml.api"),
+    **dict.fromkeys(["init", "is_initialized", "shutdown"], "rtml.driver"),
     "ActorHandle": "rtml.core.actors", "method": "rtml.core.actors",
     "ObjectRef": "rtml.core.object_ref", "ObjectRefGenerator": "rtml.core.generators",
     "NodeAffinitySchedulingStrategy": "rtml.core.options",

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rtml import api, cluster, objectstore
+from rtml import cluster, driver, objectstore
 from rtml.config import DashboardConfig, NodeConfig, default_object_store_memory
 from rtml.session import Session, fresh_session_dir, new_token
 
@@ -124,7 +124,7 @@ class Cluster:
         """``rtml.init`` a driver in this process, attached to ``node`` (default: the head)."""
         target = node or self.head_node
         assert target is not None
-        return api.init(address=self.address, token=self.token, _node_id=target.node_id,
+        return driver.init(address=self.address, token=self.token, _node_id=target.node_id,
                         **init_args)
 
     def remove_node(self, node: ClusterNode, allow_graceful: bool = True) -> None:
@@ -145,8 +145,8 @@ class Cluster:
 
     def shutdown(self) -> None:
         """Disconnect a driver of this process, then stop every node (the head last)."""
-        if api.is_initialized():
-            api.shutdown()
+        if driver.is_initialized():
+            driver.shutdown()
         for node in sorted(self.nodes, key=lambda n: n.is_head):
             self.remove_node(node)
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import msgspec
 
-from rtml import api
+from rtml import driver
 from rtml.config import WorkerConfig
 from rtml.core import current, runtime_env
 from rtml.core.runtime import ClientConfig, ClientRuntime
@@ -224,7 +224,7 @@ def main(argv: list[str]) -> int:
                    if env.get("pip") else "")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    atexit.unregister(api.shutdown)  # a driver's; the atexit handlers that an actor's
+    atexit.unregister(driver.shutdown)  # a driver's; the atexit handlers that an actor's
     orders = NodeOrders()                # exit_actor() runs are its code's
     rt = ClientRuntime(ClientConfig(role="worker", token=cfg.token, nm_address=cfg.nm_address,
                                     head_address=cfg.head_address,

@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 import rtml
-from rtml import api
+from rtml import driver
 from rtml.exceptions import ActorDiedError, RtmlSystemError
 from rtml.head.actors import OWNER_DIED
 from rtml.testing import Cluster, ClusterNode
@@ -65,7 +65,7 @@ def kill_head(pid: int) -> None:
 
 
 def embedded_head_pid() -> int:
-    started = api._embedded
+    started = driver._embedded
     assert started is not None and started.supervisor is not None
     assert started.supervisor.proc is not None
     return started.supervisor.proc.pid

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import rtml
-from rtml import api
+from rtml import driver
 from rtml.core import current
 from rtml.exceptions import RtmlSystemError
 
@@ -28,7 +28,7 @@ def test_a_put_after_the_node_manager_died_raises_and_leaks_no_segment() -> None
     rtml.init(num_cpus=1)
     try:
         runtime = current.require_runtime()
-        started = api._embedded
+        started = driver._embedded
         assert started is not None
         node_manager = started.procs[-1]
         os.kill(node_manager.pid, signal.SIGKILL)

@@ -24,7 +24,7 @@ import test_cli
 from test_cli import Head
 
 import rtml
-from rtml import api, cluster
+from rtml import cluster, driver
 from rtml.control_plane import ControlPlane, RedisProcess
 from rtml.control_plane.resp import RespClient
 from rtml.core import current
@@ -76,7 +76,7 @@ class Counter:
 
 
 def _kill_redis() -> int:
-    started = api._embedded
+    started = driver._embedded
     assert started is not None and started.keeper is not None
     pid = started.keeper.pid
     os.kill(pid, signal.SIGKILL)
@@ -110,8 +110,8 @@ def test_work_goes_on_through_a_redis_outage_and_nothing_is_lost(
     assert rtml.get(restarted.add.remote(), timeout=60) == 1  # a fresh instance
     assert before == [i * i for i in range(100)]
     assert slow_restart.wait(30)
-    assert api._embedded is not None and api._embedded.keeper is not None
-    assert api._embedded.keeper.pid != killed
+    assert driver._embedded is not None and driver._embedded.keeper is not None
+    assert driver._embedded.keeper.pid != killed
     deadline = time.monotonic() + 30
     while True:  # the records kept meanwhile reach Redis
         runtime.writer.flush()

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 
 import rtml
-from rtml import api
+from rtml import driver
 from rtml.core import current
 from rtml.exceptions import WorkerCrashedError
 from rtml.rpc import messages as m
@@ -51,7 +51,7 @@ def test_the_pool_refills_to_its_size_after_its_workers_die_at_once(start_cluste
     start_cluster(num_cpus=2)
     runtime = current.require_runtime()
     assert rtml.get([crash_at.remote("", i, -1) for i in range(20)]) == list(range(20))
-    started = api._embedded
+    started = driver._embedded
     assert started is not None
     (zygote,) = psutil.Process(started.procs[-1].pid).children()
 

@@ -97,13 +97,13 @@ def test_a_group_can_be_removed_after_the_head_restarted(start_cluster) -> None:
     MISSING, removing it does nothing, and its CPU stays reserved for the cluster's life."""
     import signal
 
-    from rtml import api
+    from rtml import driver
     from rtml.util import placement_group, placement_group_table, remove_placement_group
 
     start_cluster(num_cpus=2)
     pg = placement_group([{"CPU": 1}])
     assert pg.wait(30)
-    supervisor = api._embedded.supervisor
+    supervisor = driver._embedded.supervisor
     old = supervisor.proc.pid
     os.kill(old, signal.SIGKILL)
     deadline = time.monotonic() + 30
@@ -191,13 +191,13 @@ def test_a_group_removed_while_the_head_restarts_is_freed(start_cluster) -> None
     takes over hears it again, and the node that rejoins lets the bundle go."""
     import signal
 
-    from rtml import api
+    from rtml import driver
     from rtml.util import placement_group, remove_placement_group
 
     start_cluster(num_cpus=2)
     pg = placement_group([{"CPU": 1}])
     assert pg.wait(30)
-    os.kill(api._embedded.supervisor.proc.pid, signal.SIGKILL)
+    os.kill(driver._embedded.supervisor.proc.pid, signal.SIGKILL)
     remove_placement_group(pg)  # at once: written to a head that is gone
 
     @rtml.remote(num_cpus=2)

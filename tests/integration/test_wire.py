@@ -50,7 +50,7 @@ def _challenge(sock: socket.socket) -> m.Challenge:
 
 def _addresses() -> list[str]:
     node = rtml.nodes()[0]
-    head = rtml.api._context.address_info["address"]  # type: ignore[union-attr]
+    head = rtml.driver._context.address_info["address"]  # type: ignore[union-attr]
     return [node["NodeManagerAddress"], head]
 
 

@@ -27,6 +27,7 @@ LAYERS: list[set[str]] = [
     {"scheduler", "objectstore", "session", "state"},
     {"cluster"},
     {"core"},
+    {"driver"},
     {"api"},
     {"util", "dag", "actor", "experimental", "job_config", "job_submission"},
     {"__init__"},

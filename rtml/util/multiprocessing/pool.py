@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, NoReturn
 
-from rtml import api
+from rtml import api, driver
 from rtml.core.actors import ActorHandle
 from rtml.exceptions import ActorDiedError
 from rtml.util.multiprocessing.process import PoolActor, name_of
@@ -79,8 +79,8 @@ class Pool:
         _check_arguments(processes, initializer, maxtasksperchild)
         if context is not None:
             log.warning("Pool(context=...) is ignored: the processes are rtml actors")
-        if not api.is_initialized():  # (num_cpus counts only for a new local cluster)
-            api.init(address=ray_address, num_cpus=processes)
+        if not driver.is_initialized():  # (num_cpus counts only for a new local cluster)
+            driver.init(address=ray_address, num_cpus=processes)
         count = _process_count(processes)
         self._initializer = initializer
         self._initargs = tuple(initargs or ())
