@@ -64,6 +64,7 @@ class StartedNode:
     redis_address: RedisAddress | None = None  # the head's control plane
     supervisor: HeadSupervisor | None = None  # an embedded head's (a thread of ours)
     keeper: RedisKeeper | None = None  # an embedded head's Redis keeper (a thread of ours)
+    metrics: dict[str, str] = field(default_factory=dict)  # process -> host:port of /metrics
 
     def pids(self) -> list[int]:
         pids = [p.pid for p in self.procs]
@@ -321,7 +322,9 @@ def start_head_node(session: Session, token: str, node: NodeConfig, *, port: int
                               else redis.proc.pid,
                               redis_user=redis_address.user,
                               redis_password=redis_address.password,
-                              redis_tls=tls_text(redis_address.tls))
+                              redis_tls=tls_text(redis_address.tls),
+                              metrics_port=head_metrics_port(node.metrics_port),
+                              metrics_host=node.metrics_host)
         if node_timeout is not None:
             head_cfg = HeadConfig(**{**head_cfg.__dict__, "node_timeout": node_timeout})
         if die_with_parent:
@@ -331,7 +334,9 @@ def start_head_node(session: Session, token: str, node: NodeConfig, *, port: int
             head = _launch_supervisor(session, head_cfg, listener)
             started.procs.append(head.proc)
         node_manager = _launch_node_manager(started, node, die_with_parent, own_group)
-        await_ready(head, session)
+        _, _, metrics = await_ready(head, session).partition(" ")
+        if metrics:
+            started.metrics["head"] = metrics
         try:
             _node_ready(started, node_manager)
         except RtmlSystemError as exc:
@@ -349,6 +354,12 @@ def start_head_node(session: Session, token: str, node: NodeConfig, *, port: int
                                          redis.proc.pid, redis.proc)
             started.keeper.watch_in_thread()
     return started
+
+
+def head_metrics_port(node_port: int) -> int:
+    """The head service's metrics port on a head node whose node manager serves metrics
+    on ``node_port``: the next one (0: a port the kernel picks; -1: none)."""
+    return node_port + 1 if node_port > 0 else node_port
 
 
 def _check_redis(address: RedisAddress, token: str) -> None:
@@ -432,7 +443,10 @@ def _launch_node_manager(started: StartedNode, node: NodeConfig, die_with_parent
 
 
 def _node_ready(started: StartedNode, launched: Launched) -> None:
-    started.node_id, started.nm_address = await_ready(launched, started.session).split(" ", 1)
+    started.node_id, started.nm_address, metrics = await_ready(
+        launched, started.session).split(" ", 2)
+    if metrics != "-":
+        started.metrics["node_manager"] = metrics
 
 
 def find_local_node(head_address: str, token: str, node_id: str = "") -> tuple[str, str]:

@@ -91,6 +91,8 @@ class NodeConfig:
     port: int = 0
     prestart_workers: int = -1  # -1: one per CPU
     head_timeout: float = field(default_factory=default_head_timeout)
+    metrics_port: int = -1  # /metrics (rtml.metrics): -1 not served, 0 a port the kernel picks
+    metrics_host: str = ""  # where it is served: "" loopback; another address needs the token
 
     def total_resources(self) -> dict[str, float]:
         total = {"CPU": float(self.num_cpus), "GPU": float(self.num_gpus),
@@ -127,6 +129,8 @@ class HeadConfig:
     redis_password: str = ""  # has none: RedisAddress.login derives its login)
     redis_tls: str = ""  # a rediss:// one's TLS settings (address.tls_text); "": plain TCP
     task_records_kept: int = field(default_factory=default_task_records_kept)
+    metrics_port: int = -1  # as NodeConfig's
+    metrics_host: str = ""
 
     def to_json(self) -> str:
         """The config without its secrets (which travel in ``TOKEN_ENV`` and

@@ -113,6 +113,14 @@ def _add_start(sub: Any) -> None:
     start.add_argument("--redis-address", default=None, metavar="URL",
                        help="--head: use your own Redis, redis://[USER:PASSWORD@]HOST:PORT, "
                             "instead of starting one (rtml then never stops or restarts it)")
+    start.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                       help="serve Prometheus metrics at http://HOST:PORT/metrics from this "
+                            "node's manager (and, with --head, the head service's at PORT+1; "
+                            "0: ports the kernel picks, printed and recorded). Default: off")
+    start.add_argument("--metrics-host", default=None, metavar="IP",
+                       help="where --metrics-port listens (default 127.0.0.1, for this "
+                            "machine only); any other address requires the cluster token "
+                            "as 'Authorization: Bearer <token>'")
     start.add_argument("--block", action="store_true",
                        help="stay in the foreground; stop everything on Ctrl-C / SIGTERM")
     add_session_dir(start)

@@ -28,7 +28,9 @@ from rtml.daemon import (
     run_until_stopped,
     setup_logging,
 )
+from rtml.head.metrics import HeadParts
 from rtml.head.service import HeadService
+from rtml.metrics import MetricsServer
 from rtml.rpc import messages as m
 from rtml.rpc.server import protocol_factory
 from rtml.session import Session
@@ -49,7 +51,13 @@ async def serve(cfg: HeadConfig, ready: ReadyPipe) -> None:
         server = await loop.create_server(protocol_factory(head), cfg.host, cfg.port)
     port = server.sockets[0].getsockname()[1]
     log.info("head service pid %d serving on %s:%d", os.getpid(), cfg.host, port)
-    ready.report(f"ok {cfg.host}:{port}")
+    metrics = None
+    if cfg.metrics_port >= 0:
+        parts = HeadParts(head.nodes, head.actors, head.jobs, head.sched)
+        metrics = MetricsServer(head.metrics.serve(parts), cfg.metrics_host or "127.0.0.1",
+                                cfg.metrics_port, cfg.token)
+        await metrics.start()
+    ready.report(f"ok {cfg.host}:{port}" + (f" {metrics.address}" if metrics else ""))
     try:
         await run_until_stopped(head.stopped, _watch_liveness(head), _trim_tasks(head),
                                 head.submissions.run(f"{cfg.host}:{port}"))
@@ -58,6 +66,8 @@ async def serve(cfg: HeadConfig, ready: ReadyPipe) -> None:
             if node.alive:
                 node.peer.send(m.Shutdown())
         server.close()
+        if metrics is not None:
+            await metrics.close()
         await asyncio.to_thread(head.close)
 
 

@@ -49,6 +49,7 @@ from rtml.control_plane import BatchedWriter, ControlPlane, RedisAddress, tls_fr
 from rtml.head import actors as ad
 from rtml.head import placement_groups as pgs
 from rtml.head.job_runner import JobRunner
+from rtml.head.metrics import HeadMetrics
 from rtml.head.writes import PlaneWrites
 from rtml.rpc import messages as m
 from rtml.rpc.server import Peer, Service
@@ -90,6 +91,7 @@ class HeadService(Service):
         self.plane = ControlPlane.at(self.redis, cfg.token)
         self.events = BatchedWriter(self.plane, interval=EVENT_FLUSH_INTERVAL)
         self.writes = PlaneWrites()
+        self.metrics = HeadMetrics()
         self.nodes: dict[bytes, NodeState] = {}
         self.sched = pl.GlobalScheduler()
         self.actors = ad.ActorDirectory(self._actor_node, self._node_alive)
@@ -208,7 +210,8 @@ class HeadService(Service):
         # Told at once, not once recorded: a node must be able to join while Redis is slow.
         self.writes.write(self.plane.put_node, msg.node_id, {
             "address": msg.address, "resources": msg.resources,
-            "session_dir": msg.session_dir, "alive": True, "start_ts": time.time()})
+            "session_dir": msg.session_dir, "alive": True, "start_ts": time.time(),
+            "metrics_address": msg.metrics_address})
         self._event("NodeRegistered", node_id=msg.node_id, address=msg.address,
                     resources=msg.resources)
         self._broadcast_nodes()
@@ -257,6 +260,7 @@ class HeadService(Service):
         if bad:
             log.warning("ignoring a heartbeat of node %s: %s", msg.node_id.hex(), bad)
             return
+        self.metrics.heartbeat(msg)
         self._decided(self.sched.heartbeat(msg.node_id, msg.available, time.monotonic(),
                                            msg.total))
         self.writes.latest(("heartbeat", msg.node_id), self.plane.heartbeat, msg.node_id,
@@ -339,6 +343,7 @@ class HeadService(Service):
                 continue
             req_id = decision.request.req_id
             if isinstance(decision, pl.Placed):
+                self.metrics.spills_placed += 1
                 origin.peer.send(m.LeasePlaced(req_id, decision.node_id, decision.address))
             elif isinstance(decision, pl.Failed):
                 origin.peer.send(m.LeasePlaced(req_id, b"", "", error=decision.error))

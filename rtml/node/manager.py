@@ -45,9 +45,12 @@ from rtml.daemon import (
 )
 from rtml.exceptions import RtmlSystemError
 from rtml.ids import random_id
+from rtml.logs import list_files, read
+from rtml.metrics import MetricsServer
 from rtml.node.head_link import HeadLink
 from rtml.node.leases import LeaseRouter, Reply, ToHead
 from rtml.node.links import NodeLinks
+from rtml.node.metrics import NodeMetrics, NodeParts
 from rtml.node.objects import ObjectManager
 from rtml.node.workers import WorkerLauncher, WorkerProc
 from rtml.rpc import messages as m
@@ -70,6 +73,8 @@ REGISTER_TIMEOUT = 30.0
 HEAD_CONNECT_TIMEOUT = 3.0
 """Seconds a starting node manager keeps trying to reach the head."""
 IDLE_WORKER_TICKS = 10
+EXITED_PIDS_KEPT = 10_000
+"""Pids of exited workers remembered (to find their log files by pid), the latest."""
 """Heartbeat ticks (0.5 s each) a worker beyond the pool size may idle before it is stopped."""
 
 
@@ -107,10 +112,13 @@ class NodeManager(Service):
         self.clients: set[Peer] = set()
         self.other_nodes: set[bytes] = set()
         self.leases = LeaseRouter(self.node_id, self.sched, _worker_of)
+        self.metrics = NodeMetrics(enabled=cfg.metrics_port >= 0)
+        self.metrics_server: MetricsServer | None = None
+        self.exited_pids: dict[str, int] = {}  # worker id (12 hex) -> pid, of exited workers
         self.links = NodeLinks(self.token, make_hello("node", self.node_id), self._link_answer)
         self.objects = ObjectManager(self.node_id, self.store_dir, str(self.session.spill),
                                      cfg.object_store_memory, self.token, self.links,
-                                     self._end_actor)
+                                     self._end_actor, self.metrics)
         self.launcher = WorkerLauncher(zygote, self._worker_gone)
         self.head = HeadLink(cfg.head_address, self.token, make_hello("node", self.node_id))
 
@@ -141,6 +149,13 @@ class NodeManager(Service):
         self.tcp_server = await loop.create_server(protocol_factory(self), self.cfg.node_ip,
                                                    self.cfg.port)
         self.address = f"{self.cfg.node_ip}:{self.tcp_server.sockets[0].getsockname()[1]}"
+        if self.metrics.enabled:
+            parts = NodeParts(self.sched, self.leases, self.workers, self.objects.store,
+                              self.objects.pulls)
+            self.metrics_server = MetricsServer(self.metrics.serve(parts),
+                                                self.cfg.metrics_host or "127.0.0.1",
+                                                self.cfg.metrics_port, self.token)
+            await self.metrics_server.start()
         reply = await self.head.connect(HEAD_CONNECT_TIMEOUT)
         self.plane = ControlPlane.at(RedisAddress.from_info(reply.info), self.token)
         self.head.send(self._registration(rejoin=False))
@@ -148,7 +163,8 @@ class NodeManager(Service):
 
     def _registration(self, rejoin: bool) -> m.RegisterNode:
         msg = m.RegisterNode(self.node_id, self.address, self.unix_path, self.sched.total,
-                             str(self.session.root), self.transfer_address, rejoin=rejoin)
+                             str(self.session.root), self.transfer_address, rejoin=rejoin,
+                             metrics_address=self._metrics_address())
         if rejoin:
             msg.groups = [bytes.fromhex(pg) for pg in self.sched.bundles]
             ready = {w.actor_id: w for w in self.workers.values() if w.actor_ready}
@@ -166,7 +182,11 @@ class NodeManager(Service):
         except TimeoutError:
             raise RtmlSystemError(f"the head at {self.cfg.head_address} did not answer this "
                                   f"node's registration within {REGISTER_TIMEOUT:g} s") from None
-        ready.report(f"ok {self.node_id.hex()} unix:{self.unix_path}")
+        ready.report(f"ok {self.node_id.hex()} unix:{self.unix_path} "
+                     f"{self._metrics_address() or '-'}")
+
+    def _metrics_address(self) -> str:
+        return self.metrics_server.address if self.metrics_server is not None else ""
 
     def _transfer_ready(self, address: str) -> None:
         self.transfer_address = address
@@ -186,8 +206,15 @@ class NodeManager(Service):
         changes = self.sched.total_changes  # (placement group bundles)
         total = dict(self.sched.total) if changes != self._total_sent else None
         self._total_sent = changes
+        tasks = None
+        if self.metrics.enabled:  # (the answers come before the next heartbeat)
+            tasks = self.metrics.tasks()
+            for worker in self.workers.values():
+                if worker.peer is not None and worker.address:
+                    worker.peer.send(m.CountTasks())
+        self.metrics.heartbeats_sent += 1
         self.head.send(m.NodeHeartbeat(self.node_id, self._available(),
-                                       self.leases.waiting_shapes(), total))
+                                       self.leases.waiting_shapes(), total, tasks))
 
     def _available(self) -> dict[str, float]:
         """What is free here: the scheduler's resources, the store's free bytes (as Ray,
@@ -281,6 +308,7 @@ class NodeManager(Service):
     def on_disconnect(self, peer: Peer) -> None:
         client: Client = peer.context
         self.clients.discard(peer)
+        self.metrics.client_gone(peer)
         self._run(self.leases.client_gone(peer))
         self.objects.client_gone(client.client_id, client.waiters)
         if client.worker is not None:
@@ -289,6 +317,7 @@ class NodeManager(Service):
     # -- leases ------------------------------------------------------------------------------
 
     def _request_lease(self, peer: Peer, client: Client, msg: m.RequestLease) -> None:
+        self.metrics.lease_asked(peer, msg.req_id)
         self._run(self.leases.request(peer, msg, other_nodes=bool(self.other_nodes)))
 
     def _return_lease(self, peer: Peer, client: Client, msg: m.ReturnLease) -> None:
@@ -383,6 +412,25 @@ class NodeManager(Service):
         stats["remote_holds"] = len(self.objects.remote)
         peer.send(m.StoreStatsReply(msg.req_id, stats))
 
+    def _task_counts(self, peer: Peer, client: Client, msg: m.TaskCounts) -> None:
+        if client.worker is not None:
+            self.metrics.task_counts(client.worker.worker_id, msg)
+
+    # -- logs (rtml.logs) ----------------------------------------------------------------------
+
+    def _list_logs(self, peer: Peer, client: Client, msg: m.ListLogs) -> None:
+        pids = dict(self.exited_pids)
+        pids.update({w.worker_id.hex()[:12]: w.pid for w in self.workers.values()})
+        files = list_files(str(self.session.logs))
+        for file in files:
+            if file.name.startswith("worker-"):
+                file.pid = pids.get(file.name[7:19], 0)
+        peer.send(m.LogFiles(msg.req_id, files, self.node_id))
+
+    def _read_log(self, peer: Peer, client: Client, msg: m.ReadLog) -> None:
+        peer.send(read(str(self.session.logs), msg.req_id, msg.name, msg.offset,
+                       msg.max_bytes))
+
     _handlers: dict[type, Any] = {
         m.RequestLease: _request_lease, m.ReturnLease: _return_lease,
         m.CancelLeaseRequest: _cancel_lease_request, m.WorkerBlocked: _blocked,
@@ -394,7 +442,8 @@ class NodeManager(Service):
         m.WaitObject: _wait_object, m.CancelTask: _cancel_task, m.StoreStats: _stats,
         m.WorkerOutput: _output, m.ObjectsFreed: _objects_freed,
         m.FenceHolds: _fence_holds, m.LinkFence: _link_fence,
-        m.LocateObject: _locate_object,
+        m.LocateObject: _locate_object, m.TaskCounts: _task_counts,
+        m.ListLogs: _list_logs, m.ReadLog: _read_log,
     }
 
     # -- scheduler commands ------------------------------------------------------------------
@@ -402,6 +451,7 @@ class NodeManager(Service):
     def _run(self, commands: list[Any]) -> None:
         for command in commands:
             if isinstance(command, Grant):
+                self.metrics.lease_answered(command.client, command.req_id, True)
                 worker = self.workers[command.worker_id]
                 remote = command.client.context.node_id
                 address = worker.tcp_address if remote else worker.address
@@ -410,6 +460,8 @@ class NodeManager(Service):
                                                    command.gpu_ids))
                 self._run(self.leases.granted(command.client, command.req_id))
             elif isinstance(command, Reply):
+                if isinstance(command.msg, (m.LeaseSpillback, m.LeaseFailed)):
+                    self.metrics.lease_answered(command.client, command.msg.req_id, False)
                 command.client.send(command.msg)
             elif isinstance(command, ToHead):
                 self.head.send(command.msg)
@@ -423,6 +475,7 @@ class NodeManager(Service):
             elif isinstance(command, StopActor):
                 self._kill_actor(command.actor_id)
             elif isinstance(command, Refused):
+                self.metrics.lease_answered(command.client, command.req_id, False)
                 command.client.send(m.LeaseFailed(command.req_id, command.reason))
                 self._run(self.leases.granted(command.client, command.req_id))  # (its spill)
 
@@ -446,6 +499,8 @@ class NodeManager(Service):
         worker.kill()
         worker.gone = True
         self.workers.pop(worker.worker_id, None)
+        self.metrics.worker_gone(worker.worker_id)
+        self._remember_pid(worker)
         log.info("worker %s gone: %s", worker.worker_id.hex()[:12], reason)
         self.objects.release_holder(worker.worker_id)
         if worker.actor_id:
@@ -462,6 +517,12 @@ class NodeManager(Service):
                        if not w.actor_id and not w.runtime_env and w.address)
             self._run(self.sched.ensure_pool(live))
 
+    def _remember_pid(self, worker: WorkerProc) -> None:
+        if worker.pid:
+            self.exited_pids[worker.worker_id.hex()[:12]] = worker.pid
+            if len(self.exited_pids) > EXITED_PIDS_KEPT:
+                del self.exited_pids[next(iter(self.exited_pids))]
+
     def _kill_actor(self, actor_id: bytes) -> None:
         for worker in self.workers.values():
             if worker.actor_id == actor_id:
@@ -476,6 +537,8 @@ class NodeManager(Service):
 
     async def shutdown(self) -> None:
         self.stopped.set()
+        if self.metrics_server is not None:
+            await self.metrics_server.close()
         await self.launcher.stop(list(self.workers.values()))
         self.head.close()
         self.links.close()

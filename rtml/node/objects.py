@@ -25,6 +25,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from rtml.config import STORE_FULL_TIMEOUT
 from rtml.control_plane import ControlPlane, location_field
 from rtml.exceptions import ObjectLostError, RtmlSystemError
 from rtml.node.links import NodeLinks
+from rtml.node.metrics import NodeMetrics
 from rtml.objectstore import private, segment
 from rtml.objectstore.remote import RemoteHolds
 from rtml.objectstore.store import Delete, NotifyLost, NotifyReady, Restore, Spill, StoreCore
@@ -141,8 +143,10 @@ class ObjectManager:
     """This node's objects: the store core, remote holds, pulls, copies and the table."""
 
     def __init__(self, node_id: bytes, store_dir: str, spill_dir: str, capacity: int,
-                 token: str, links: NodeLinks, end_actor: Callable[[bytes], None]) -> None:
+                 token: str, links: NodeLinks, end_actor: Callable[[bytes], None],
+                 metrics: NodeMetrics | None = None) -> None:
         self.node_id = node_id
+        self.metrics = metrics or NodeMetrics(enabled=False)
         self.end_actor = end_actor  # an actor's life object was freed here: it ends
         self.lives: dict[bytes, bytes] = {}  # life object -> its actor
         self.holds_at: dict[bytes, bytes] = {}  # our object -> the node holding its refs
@@ -530,9 +534,11 @@ class ObjectManager:
         future = self.loop.run_in_executor(None, transfer.pull, address, self.token,
                                            object_id, path, self.node_id)
         self._own(future)
-        future.add_done_callback(lambda f: self._pulled(object_id, node_id, f))
+        started = time.monotonic()
+        future.add_done_callback(lambda f: self._pulled(object_id, node_id, f, started))
 
-    def _pulled(self, object_id: bytes, node_id: bytes, future: asyncio.Future[int]) -> None:
+    def _pulled(self, object_id: bytes, node_id: bytes, future: asyncio.Future[int],
+                started: float) -> None:
         if self.pulls.get(object_id) != node_id:
             if not future.cancelled():
                 future.exception()  # (retrieved: its failure was expected)
@@ -546,12 +552,15 @@ class ObjectManager:
                 self._ask_where(object_id, node_id, owner, asks)
                 return
             log.warning("pulling %s from %s failed: %s", object_id.hex(), node_id.hex(), exc)
+            self.metrics.pull_failures += 1
             self.execute(self.store.fail_waiters(object_id, str(exc)))
             return
         except RtmlSystemError as exc:
             log.warning("pulling %s from %s failed: %s", object_id.hex(), node_id.hex(), exc)
+            self.metrics.pull_failures += 1
             self.execute(self.store.fail_waiters(object_id, str(exc)))
             return
+        self.metrics.pulled(size, time.monotonic() - started)
         self.copy_of[object_id] = node_id
         self.table.copied(object_id)
         self.execute(self.store.seal(object_id, size, COPY))
@@ -647,6 +656,7 @@ class ObjectManager:
             return
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._segment(object_id))
+        self.metrics.spilled_bytes += self.store.size_of(object_id)
         self.table.state_changed(object_id, "SPILLED", object_id not in self.copy_of)
 
     def _restore(self, object_id: bytes) -> None:
@@ -659,6 +669,7 @@ class ObjectManager:
             self._remember_lost(object_id, why)  # asked for later: said lost, not awaited
             self.execute(self.store.lost(object_id, why))
             return
+        self.metrics.restored_bytes += self.store.size_of(object_id)
         self.table.state_changed(object_id, "SEALED", object_id not in self.copy_of)
         self.execute(self.store.restored(object_id))
         if self.creating:  # restored, it can be spilled again

@@ -21,9 +21,9 @@ ROOT = Path(__file__).resolve().parents[2] / "rtml"
 
 LAYERS: list[set[str]] = [
     {"_native", "config", "exceptions", "ids"},
-    {"daemon"},
+    {"daemon", "metrics"},
     {"rpc", "control_plane"},
-    {"scheduler", "objectstore", "session"},
+    {"scheduler", "objectstore", "session", "logs"},
     {"cluster"},
     {"core"},
     {"api"},

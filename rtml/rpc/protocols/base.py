@@ -26,7 +26,7 @@ from typing import Final
 
 import msgspec
 
-PROTOCOL_VERSION = 10
+PROTOCOL_VERSION = 11
 
 STREAMING: Final = -1
 """``TaskSpec.num_returns`` of a generator task: its items stream to the owner as
