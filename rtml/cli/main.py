@@ -11,6 +11,7 @@
     rtml stop  -----------------+  SIGTERM the recorded pids, SIGKILL after 5 s
     rtml status / list / timeline -> ControlPlane(redis host, port, token) -> Redis
     rtml job submit / status / logs / stop / list -> the head (authenticated; rtml.cli.job)
+    rtml logs ... -> the control plane (where) -> the node manager holding it (rtml.cli.logs)
 
 Every ``rtml start`` records what it started in its session directory
 (``--session-dir``, else ``RTML_SESSION_DIR``, else ``/tmp/rtml-<uid>/session_latest``);
@@ -20,7 +21,7 @@ fix and exits 1.
 
 This module is the parser and the dispatch; the commands live in
 :mod:`rtml.cli.start` (start, stop), :mod:`rtml.cli.state` (status, list,
-timeline) and :mod:`rtml.cli.job` (job submission).
+timeline), :mod:`rtml.cli.job` (job submission) and :mod:`rtml.cli.logs` (logs).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from rtml.cli.job import add_job_commands
+from rtml.cli.logs import add_logs_command
 from rtml.cli.options import CliError, add_session_dir
 from rtml.cli.start import cmd_start, cmd_stop
 from rtml.cli.state import TABLES, cmd_list, cmd_status, cmd_timeline
@@ -73,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_session_dir(status)
     _add_list(sub)
     add_job_commands(sub)
+    add_logs_command(sub)
     timeline = _command(sub, "timeline", cmd_timeline, "write a Chrome trace of the tasks")
     timeline.add_argument("-o", "--output", default="timeline.json", help="file to write")
     add_session_dir(timeline)

@@ -22,7 +22,7 @@ from typing import Any
 
 from rtml.cli.options import CliError, session_of
 from rtml.config import STORE_RESOURCE
-from rtml.control_plane import ControlPlane, RedisAddress, unreachable
+from rtml.control_plane import ControlPlane, RedisAddress, chrome_trace, unreachable
 from rtml.exceptions import RtmlSystemError
 
 _GIB = float(1 << 30)
@@ -236,20 +236,13 @@ def _table(rows: list[dict[str, Any]], columns: list[Column]) -> str:
 def cmd_timeline(args: argparse.Namespace) -> int:
     plane, _ = _control_plane(args)
     try:
-        tasks = plane.list_tasks()
+        events = chrome_trace(plane.list_tasks(), plane.read_events())
     finally:
         plane.close()
-    events = [_trace_event(t) for t in tasks if t.get("start_ts") and t.get("end_ts")]
     with open(args.output, "w") as f:
         json.dump(events, f)
-    print(f"Wrote {len(events)} task event(s) to {args.output}; open it in "
-          f"chrome://tracing or https://ui.perfetto.dev")
+    tasks = sum(1 for e in events if e.get("cat") in ("task", "actor_call"))
+    print(f"Wrote {len(events)} trace event(s) ({tasks} task(s) and actor call(s), their "
+          f"phases, leases and transfers) to {args.output}; open it in chrome://tracing or "
+          f"https://ui.perfetto.dev")
     return 0
-
-
-def _trace_event(task: dict[str, Any]) -> dict[str, Any]:
-    return {"name": task.get("name") or "task", "cat": "task", "ph": "X",
-            "ts": task["start_ts"] * 1e6, "dur": (task["end_ts"] - task["start_ts"]) * 1e6,
-            "pid": str(task.get("node_id") or "")[:12], "tid": task.get("worker_pid", 0),
-            "args": {"task_id": task.get("task_id"), "status": task.get("status"),
-                     "job_id": task.get("job_id")}}

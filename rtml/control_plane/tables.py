@@ -33,6 +33,7 @@ import msgspec
 
 from rtml.control_plane.address import RedisAddress
 from rtml.control_plane.keys import DEFAULT_NAMESPACE, Keys
+from rtml.control_plane.lineage import kept_call
 from rtml.control_plane.resp import (
     Arg,
     AuthError,
@@ -62,7 +63,8 @@ RAN = 1
 _COMPACT: dict[int, tuple[tuple[str, ...], dict[str, Any]]] = {
     SUBMITTED: (("task_id", "name", "job_id", "owner_id", "function_id", "submit_ts"),
                 {"status": "PENDING", "attempt": 0}),
-    RAN: (("task_id", "attempt", "status", "start_ts", "end_ts", "worker_pid", "node_id"), {}),
+    RAN: (("task_id", "attempt", "status", "start_ts", "end_ts", "worker_pid", "node_id",
+           "args_ts", "run_end_ts", "call"), {}),
 }
 """tag -> (the fields that follow it, in order; the fields it implies)."""
 TaskRecordData = dict[str, Any] | tuple[Any, ...]
@@ -433,6 +435,7 @@ class ControlPlane:
         record cost ~5: packing the command dominated) and to Redis at less.
         """
         if records:
+            records = [_with_kept_call(record) for record in records]
             batch_id = batch_id or time.time_ns().to_bytes(8, "big") + os.urandom(8)
             member = batch_id + len(records).to_bytes(4, "big")  # (see trim_task_records)
             self._client.pipeline([
@@ -464,8 +467,34 @@ class ControlPlane:
         a task whose submission record was trimmed is not listed (its outcome goes later).
 
         A filter matches when the field's JSON-friendly value, as ``str``, equals it
-        (ids as hex, e.g. ``{"job_id": job.hex(), "status": "FINISHED"}``).
+        (ids as hex, e.g. ``{"job_id": job.hex(), "status": "FINISHED"}``). A record's
+        call (``task_call``) is left out; ``actor_id`` says whose method it ran.
         """
+        tasks = []
+        for record in self._task_records():
+            call = record.pop("call", None)
+            spec = call.get("spec") if isinstance(call, dict) else None
+            if isinstance(spec, list) and len(spec) > _SPEC_ACTOR_ID and spec[_SPEC_ACTOR_ID]:
+                record["actor_id"] = spec[_SPEC_ACTOR_ID]
+            task = to_jsonable(record)
+            if _matches(task, filters):
+                tasks.append(task)
+        tasks.sort(key=lambda task: task.get("submit_ts", 0.0))
+        return tasks[-limit:] if limit > 0 else []
+
+    @_redis_errors
+    def task_call(self, task_id: bytes) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """The task's record (JSON-friendly) and its call as stored (``lineage``: the
+        spec as a list, bytes as bytes), or None for a task whose call is not recorded
+        (it has not run). Raises KeyError if no such task is recorded."""
+        for record in self._task_records():
+            if record.get("task_id") == task_id:
+                call = record.pop("call", None)
+                return to_jsonable(record), call if isinstance(call, dict) else None
+        raise KeyError(task_id.hex())
+
+    def _task_records(self) -> list[dict[str, Any]]:
+        """Every task record, its batches merged (see write_task_records)."""
         batches: list[tuple[bytes, bytes]] = []
         cursor: Arg = 0
         while True:
@@ -486,15 +515,8 @@ class ControlPlane:
                 task.update(record)
                 if status in _FINAL and record.get("status") not in _FINAL:
                     task["status"] = status  # another writer's PENDING, read out of order
-        found = []
-        for record in tasks.values():
-            if "name" not in record:
-                continue  # its submission was trimmed: so is the task, for its readers
-            task = to_jsonable(record)
-            if _matches(task, filters):
-                found.append(task)
-        found.sort(key=lambda task: task.get("submit_ts", 0.0))
-        return found[-limit:] if limit > 0 else []
+        # A task whose submission was trimmed is trimmed for its readers too.
+        return [record for record in tasks.values() if "name" in record]
 
     # -- objects ------------------------------------------------------------------
 
@@ -660,14 +682,27 @@ class ControlPlane:
 
 
 def _expand(stored: Any) -> dict[str, Any] | None:
-    """A stored task record as a dict (a compact one expanded); None if it is neither."""
+    """A stored task record as a dict (a compact one expanded: one written before fields
+    were added has the first ones); None if it is neither."""
     if isinstance(stored, dict):
         return stored
     if isinstance(stored, list) and stored and stored[0] in _COMPACT:
         fields, implied = _COMPACT[stored[0]]
-        if len(stored) == len(fields) + 1:
-            return {**implied, **dict(zip(fields, stored[1:], strict=True))}
+        if 1 < len(stored) <= len(fields) + 1:
+            return {**implied, **dict(zip(fields, stored[1:], strict=False))}
     return None
+
+
+_RAN_WITH_CALL = len(_COMPACT[RAN][0]) + 1
+_SPEC_ACTOR_ID = 8
+"""Index of ``actor_id`` in a stored TaskSpec (an array: rtml.rpc's field order)."""
+
+
+def _with_kept_call(record: TaskRecordData) -> TaskRecordData:
+    """A RAN record with its spec replaced by the call kept of it (``lineage``)."""
+    if isinstance(record, tuple) and record[0] == RAN and len(record) == _RAN_WITH_CALL:
+        return (*record[:-1], kept_call(record[-1]))
+    return record
 
 
 def _matches(record: dict[str, Any], filters: dict[str, str] | None) -> bool:

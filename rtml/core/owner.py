@@ -547,10 +547,12 @@ class TaskOwner:
 
 
 def _lineage(record: TaskRecord, msg: m.TaskResult) -> tuple[Any, ...]:
-    """The outcome record of a task that ran (compact: see ``write_task_records``)."""
+    """The outcome record of a task that ran (compact: see ``write_task_records``), with
+    its phases and its call (the spec: encoded, capped, by the writer's thread)."""
     return (RAN, record.spec.task_id, record.spec.attempt,
             "FAILED" if msg.returns and msg.returns[0].is_error else "FINISHED",
-            msg.start_ts, msg.end_ts, msg.worker_pid, msg.node_id)
+            msg.start_ts, msg.end_ts, msg.worker_pid, msg.node_id, msg.args_ts,
+            msg.run_end_ts, record.spec)
 
 
 def _in_store(msg: m.TaskResult) -> bool:

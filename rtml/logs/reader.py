@@ -4,7 +4,7 @@ worker's or a daemon's log, and its text, asked of that node's manager.
     LogReader(plane, token)
         locate(task= | actor= | worker= | pid= | name=, node=)  -> [LogSource(node, file)]
             task   -> its record (control plane): node, worker pid -> the worker's files
-            actor  -> its record: node, worker address w-<id>.sock -> worker-<id>-out.log
+            actor  -> its record: node -> the files of the worker that ran it (alive or not)
             worker -> files named worker-<id prefix>...      name -> that file
         files(node)  --ListLogs-->  the node manager --> LogFiles (worker files with pids)
         read / tail / follow(node, file)  --ReadLog(offset, max)--> LogChunk
@@ -74,11 +74,11 @@ class LogReader:
         if task:
             node, pid = self._task_worker(task)
         elif actor:
-            node, worker = self._actor_worker(actor)
+            node = self._actor_node(actor)
         found = []
         for record in self.nodes(node):
             for file in self.files(record):
-                if _matches(file, worker, pid, DAEMON_FILES.get(name, name)):
+                if _matches(file, actor, worker, pid, DAEMON_FILES.get(name, name)):
                     found.append(LogSource(record["NodeID"], record["NodeManagerAddress"],
                                            file.name))
         if not found:
@@ -97,14 +97,13 @@ class LogReader:
             raise RtmlSystemError(f"task {task}: {why}; `rtml list tasks` lists them")
         return str(ran[-1].get("node_id") or ""), int(ran[-1]["worker_pid"])
 
-    def _actor_worker(self, actor: str) -> tuple[str, str]:
+    def _actor_node(self, actor: str) -> str:
         for record in self.plane.list_actors():
             if record["actor_id"].startswith(actor.lower()):
-                socket_name = str(record.get("address", "")).rpartition("/")[2]
-                if not socket_name.startswith("w-"):
-                    raise RtmlSystemError(f"actor {actor} has not started on a worker "
+                if not record.get("node_id"):
+                    raise RtmlSystemError(f"actor {actor} was never placed on a node "
                                           f"(state {record.get('state')})")
-                return str(record.get("node_id", "")), socket_name[2:14]
+                return str(record["node_id"])
         raise RtmlSystemError(f"no actor {actor} is recorded; `rtml list actors` lists them")
 
     def read(self, source: LogSource, offset: int, max_bytes: int = MAX_CHUNK) -> m.LogChunk:
@@ -154,7 +153,9 @@ class LogReader:
                                   f"the node alive? (`rtml status`)") from None
 
 
-def _matches(file: m.LogFile, worker: str, pid: int, name: str) -> bool:
+def _matches(file: m.LogFile, actor: str, worker: str, pid: int, name: str) -> bool:
+    if actor:
+        return file.actor_id.hex().startswith(actor.lower())
     if pid:
         return file.pid == pid
     if worker:

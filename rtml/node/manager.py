@@ -73,8 +73,8 @@ REGISTER_TIMEOUT = 30.0
 HEAD_CONNECT_TIMEOUT = 3.0
 """Seconds a starting node manager keeps trying to reach the head."""
 IDLE_WORKER_TICKS = 10
-EXITED_PIDS_KEPT = 10_000
-"""Pids of exited workers remembered (to find their log files by pid), the latest."""
+EXITED_KEPT = 10_000
+"""Exited workers whose pid and actor are remembered (to find their log files), the latest."""
 """Heartbeat ticks (0.5 s each) a worker beyond the pool size may idle before it is stopped."""
 
 
@@ -114,7 +114,7 @@ class NodeManager(Service):
         self.leases = LeaseRouter(self.node_id, self.sched, _worker_of)
         self.metrics = NodeMetrics(enabled=cfg.metrics_port >= 0)
         self.metrics_server: MetricsServer | None = None
-        self.exited_pids: dict[str, int] = {}  # worker id (12 hex) -> pid, of exited workers
+        self.exited: dict[str, tuple[int, bytes]] = {}  # worker id (12 hex) -> pid, actor
         self.links = NodeLinks(self.token, make_hello("node", self.node_id), self._link_answer)
         self.objects = ObjectManager(self.node_id, self.store_dir, str(self.session.spill),
                                      cfg.object_store_memory, self.token, self.links,
@@ -198,8 +198,20 @@ class NodeManager(Service):
                 self.workers[worker_id].kill()
             self._heartbeat()
             await self.objects.flush(self.plane)
+            await self._write_events()
             await self.objects.locate_unknown(self.plane)
             await asyncio.sleep(HEARTBEAT_INTERVAL)
+
+    async def _write_events(self) -> None:
+        """This tick's timeline events (leases, pulls): one call, in a thread; lost if
+        Redis is away (the timeline is a view, not a record anything depends on)."""
+        events = self.metrics.drain_events()
+        if events and self.plane is not None:
+            try:
+                await asyncio.get_running_loop().run_in_executor(
+                    None, self.plane.append_events, events)
+            except RtmlSystemError as exc:
+                log.warning("dropped %d timeline events: %s", len(events), exc)
 
     def _heartbeat(self) -> None:
         """Tell the head what is free here (and the total, when bundles changed it)."""
@@ -419,12 +431,13 @@ class NodeManager(Service):
     # -- logs (rtml.logs) ----------------------------------------------------------------------
 
     def _list_logs(self, peer: Peer, client: Client, msg: m.ListLogs) -> None:
-        pids = dict(self.exited_pids)
-        pids.update({w.worker_id.hex()[:12]: w.pid for w in self.workers.values()})
+        known = dict(self.exited)
+        known.update({w.worker_id.hex()[:12]: (w.pid, w.actor_id)
+                      for w in self.workers.values()})
         files = list_files(str(self.session.logs))
         for file in files:
             if file.name.startswith("worker-"):
-                file.pid = pids.get(file.name[7:19], 0)
+                file.pid, file.actor_id = known.get(file.name[7:19], (0, b""))
         peer.send(m.LogFiles(msg.req_id, files, self.node_id))
 
     def _read_log(self, peer: Peer, client: Client, msg: m.ReadLog) -> None:
@@ -451,8 +464,9 @@ class NodeManager(Service):
     def _run(self, commands: list[Any]) -> None:
         for command in commands:
             if isinstance(command, Grant):
-                self.metrics.lease_answered(command.client, command.req_id, True)
                 worker = self.workers[command.worker_id]
+                self.metrics.lease_granted(command.client, command.req_id, worker,
+                                           self.node_id)
                 remote = command.client.context.node_id
                 address = worker.tcp_address if remote else worker.address
                 command.client.send(m.LeaseGranted(command.req_id, command.lease_id,
@@ -461,7 +475,7 @@ class NodeManager(Service):
                 self._run(self.leases.granted(command.client, command.req_id))
             elif isinstance(command, Reply):
                 if isinstance(command.msg, (m.LeaseSpillback, m.LeaseFailed)):
-                    self.metrics.lease_answered(command.client, command.msg.req_id, False)
+                    self.metrics.lease_elsewhere(command.client, command.msg.req_id)
                 command.client.send(command.msg)
             elif isinstance(command, ToHead):
                 self.head.send(command.msg)
@@ -475,7 +489,7 @@ class NodeManager(Service):
             elif isinstance(command, StopActor):
                 self._kill_actor(command.actor_id)
             elif isinstance(command, Refused):
-                self.metrics.lease_answered(command.client, command.req_id, False)
+                self.metrics.lease_elsewhere(command.client, command.req_id)
                 command.client.send(m.LeaseFailed(command.req_id, command.reason))
                 self._run(self.leases.granted(command.client, command.req_id))  # (its spill)
 
@@ -500,7 +514,7 @@ class NodeManager(Service):
         worker.gone = True
         self.workers.pop(worker.worker_id, None)
         self.metrics.worker_gone(worker.worker_id)
-        self._remember_pid(worker)
+        self._remember(worker)
         log.info("worker %s gone: %s", worker.worker_id.hex()[:12], reason)
         self.objects.release_holder(worker.worker_id)
         if worker.actor_id:
@@ -517,11 +531,11 @@ class NodeManager(Service):
                        if not w.actor_id and not w.runtime_env and w.address)
             self._run(self.sched.ensure_pool(live))
 
-    def _remember_pid(self, worker: WorkerProc) -> None:
-        if worker.pid:
-            self.exited_pids[worker.worker_id.hex()[:12]] = worker.pid
-            if len(self.exited_pids) > EXITED_PIDS_KEPT:
-                del self.exited_pids[next(iter(self.exited_pids))]
+    def _remember(self, worker: WorkerProc) -> None:
+        """Keep an exited worker's pid and actor: its log files are still asked for."""
+        self.exited[worker.worker_id.hex()[:12]] = (worker.pid, worker.actor_id)
+        if len(self.exited) > EXITED_KEPT:
+            del self.exited[next(iter(self.exited))]
 
     def _kill_actor(self, actor_id: bytes) -> None:
         for worker in self.workers.values():

@@ -1,15 +1,17 @@
 """The node manager's metrics: what it counts where the events already happen, and the
 families a scrape of ``/metrics`` reads from them (``rtml.metrics`` serves them).
 
-    RequestLease --asked(peer, req)--> t0     Grant --granted()--> lease wait histogram
-    pull done --pulled(size, seconds)--> transfers, pull latency histogram
+    RequestLease --lease_asked--> t0   Grant --lease_granted--> lease wait histogram, and a
+                                                     LeaseGranted event (the timeline)
+    pull done --pulled--> transfers, pull latency histogram, an ObjectPulled event
+    heartbeat --drain_events()--> the control plane's event stream (rtml timeline)
     spill / restore --> bytes counters        heartbeat --> CountTasks to each worker
     worker --TaskCounts--> its counters (kept once it exits)  --> rtml_tasks_total{state}
     scrape --> NodeCollector reads the scheduler, the lease router, the store, the pool
 
-Nothing here runs per task: the workers count their own tasks in plain integers and are
-asked for them once a heartbeat (0.5 s), and only while metrics are served. A node that
-serves none keeps ``enabled`` False, and every method returns at once.
+Nothing here runs per task: leases are per worker and burst, not per task, and the
+workers count their own tasks in plain integers, asked for them once a heartbeat (0.5 s)
+only while metrics are served (``enabled``; else no registry, no histogram).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from rtml.objectstore.store import StoreCore
 from rtml.rpc import messages as m
 from rtml.scheduler.local import LocalScheduler
 
+EVENTS_KEPT = 10_000
+"""Timeline events a node keeps between two heartbeats (more are dropped, counted)."""
 TASK_STATES = ("submitted", "finished", "failed")
 """What the node's workers count: calls begun ("submitted" to a worker), and those that
 ended with a value or an error."""
@@ -36,6 +40,8 @@ class NodeMetrics:
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self.asked: dict[tuple[int, int], float] = {}  # (client, req id) -> when asked
+        self.events: list[dict[str, Any]] = []  # for the timeline, until the next heartbeat
+        self.events_dropped = 0
         self.leases_granted = 0
         self.heartbeats_sent = 0
         self.pulls = 0
@@ -70,28 +76,51 @@ class NodeMetrics:
     # -- events (on the node manager's loop) -------------------------------------------------
 
     def lease_asked(self, client: Any, req_id: int) -> None:
-        if self.enabled:
-            self.asked[(id(client), req_id)] = time.monotonic()
+        self.asked[(id(client), req_id)] = time.time()
 
-    def lease_answered(self, client: Any, req_id: int, granted: bool) -> None:
-        """The request was granted here, or went elsewhere (refused, spilled back)."""
-        if self.enabled:
-            asked = self.asked.pop((id(client), req_id), None)
-            if granted:
-                self.leases_granted += 1
-                if asked is not None:
-                    self.lease_wait.observe(time.monotonic() - asked)
+    def lease_granted(self, client: Any, req_id: int, worker: WorkerProc,
+                      node_id: bytes) -> None:
+        self.leases_granted += 1
+        asked = self.asked.pop((id(client), req_id), None)
+        if asked is None:
+            return
+        now = time.time()
+        if self.lease_wait is not None:
+            self.lease_wait.observe(now - asked)
+        self._event({"kind": "LeaseGranted", "node_id": node_id, "worker_id": worker.worker_id,
+                     "worker_pid": worker.pid, "asked_ts": asked, "granted_ts": now})
+
+    def lease_elsewhere(self, client: Any, req_id: int) -> None:
+        """The request was refused, or went to another node."""
+        self.asked.pop((id(client), req_id), None)
 
     def client_gone(self, client: Any) -> None:
-        if self.enabled and self.asked:
+        if self.asked:
             gone = id(client)
             self.asked = {key: t for key, t in self.asked.items() if key[0] != gone}
 
-    def pulled(self, size: int, seconds: float) -> None:
+    def pulled(self, object_id: bytes, size: int, started: float, node_id: bytes,
+               from_node: bytes) -> None:
+        """A pull of ``size`` bytes from ``from_node`` that began at ``started`` (wall
+        clock) ended now."""
+        now = time.time()
         self.pulls += 1
         self.pulled_bytes += size
         if self.pull_seconds is not None:
-            self.pull_seconds.observe(seconds)
+            self.pull_seconds.observe(now - started)
+        self._event({"kind": "ObjectPulled", "node_id": node_id, "from_node": from_node,
+                     "object_id": object_id, "size": size, "start_ts": started,
+                     "end_ts": now})
+
+    def _event(self, event: dict[str, Any]) -> None:
+        if len(self.events) < EVENTS_KEPT:
+            self.events.append(event)
+        else:
+            self.events_dropped += 1
+
+    def drain_events(self) -> list[dict[str, Any]]:
+        events, self.events = self.events, []
+        return events
 
     def task_counts(self, worker_id: bytes, msg: m.TaskCounts) -> None:
         self.worker_tasks[worker_id] = (msg.started, msg.finished, msg.failed)

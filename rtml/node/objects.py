@@ -534,7 +534,7 @@ class ObjectManager:
         future = self.loop.run_in_executor(None, transfer.pull, address, self.token,
                                            object_id, path, self.node_id)
         self._own(future)
-        started = time.monotonic()
+        started = time.time()
         future.add_done_callback(lambda f: self._pulled(object_id, node_id, f, started))
 
     def _pulled(self, object_id: bytes, node_id: bytes, future: asyncio.Future[int],
@@ -560,7 +560,7 @@ class ObjectManager:
             self.metrics.pull_failures += 1
             self.execute(self.store.fail_waiters(object_id, str(exc)))
             return
-        self.metrics.pulled(size, time.monotonic() - started)
+        self.metrics.pulled(object_id, size, started, self.node_id, node_id)
         self.copy_of[object_id] = node_id
         self.table.copied(object_id)
         self.execute(self.store.seal(object_id, size, COPY))

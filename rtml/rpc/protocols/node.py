@@ -201,6 +201,7 @@ class LogFile(msgspec.Struct, array_like=True, gc=False):
     size: int
     mtime: float
     pid: int = 0  # a worker's file: the worker's pid, when its node manager knows it
+    actor_id: bytes = b""  # ... and the actor it ran, if any
 
 
 class ListLogs(Msg, tag=102):
