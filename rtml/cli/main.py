@@ -12,6 +12,7 @@
     rtml status / list / timeline -> ControlPlane(redis host, port, token) -> Redis
     rtml job submit / status / logs / stop / list -> the head (authenticated; rtml.cli.job)
     rtml logs ... -> the control plane (where) -> the node manager holding it (rtml.cli.logs)
+    rtml debug TASK_ID -> a driver here replays the task under pdb (rtml.cli.debug)
 
 Every ``rtml start`` records what it started in its session directory
 (``--session-dir``, else ``RTML_SESSION_DIR``, else ``/tmp/rtml-<uid>/session_latest``);
@@ -33,12 +34,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rtml.cli.debug import add_debug_command
 from rtml.cli.job import add_job_commands
 from rtml.cli.logs import add_logs_command
 from rtml.cli.options import CliError, add_session_dir
 from rtml.cli.start import cmd_start, cmd_stop
 from rtml.cli.state import TABLES, cmd_list, cmd_status, cmd_timeline
-from rtml.exceptions import RtmlSystemError
+from rtml.exceptions import RtmlError
 
 # -- entry points ------------------------------------------------------------------------------
 
@@ -54,7 +56,7 @@ def main(argv: list[str]) -> int:
         return 1
     try:
         return int(args.run(args))
-    except (CliError, RtmlSystemError) as exc:
+    except (CliError, RtmlError) as exc:
         print(f"rtml: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -76,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_list(sub)
     add_job_commands(sub)
     add_logs_command(sub)
+    add_debug_command(sub)
     timeline = _command(sub, "timeline", cmd_timeline, "write a Chrome trace of the tasks")
     timeline.add_argument("-o", "--output", default="timeline.json", help="file to write")
     add_session_dir(timeline)

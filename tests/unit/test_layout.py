@@ -27,7 +27,7 @@ LAYERS: list[set[str]] = [
     {"cluster"},
     {"core"},
     {"api"},
-    {"util", "dag", "actor", "experimental", "job_config", "job_submission"},
+    {"util", "dag", "actor", "experimental", "job_config", "job_submission", "debug"},
     {"__init__"},
     {"head", "node", "worker", "cli", "launchpad", "testing"},
 ]
