@@ -27,16 +27,18 @@ from typing import Any
 import cloudpickle
 import msgspec
 
+from rtml.config import HEARTBEAT_INTERVAL
 from rtml.control_plane import CALL_ARGS_KEPT
 from rtml.core import context
 from rtml.core.memory_store import StoredError
 from rtml.core.object_ref import ObjectRef
 from rtml.core.serialization import from_payload
-from rtml.exceptions import ReplayError
+from rtml.exceptions import GetTimeoutError, ObjectLostError, OwnerDiedError, ReplayError
 from rtml.rpc import messages as m
 
-READ_TIMEOUT = 30.0
-"""Seconds to read an argument from an object store (pulled from another node)."""
+READ_TIMEOUT = 10.0
+"""Seconds to read an argument from an object store (pulled from another node; one freed
+since its location was recorded is awaited that long)."""
 
 __all__ = ["Call", "ReplayError", "load", "replay"]
 
@@ -145,15 +147,25 @@ def _argument(rt: Any, index: int, arg: m.TaskArg) -> Any:
 
 
 def _stored(rt: Any, index: int, arg: m.TaskArg) -> Any:
-    """An argument that was in an object store: read from a node holding it now."""
-    where = rt.plane.object_locations([arg.object_id]).get(arg.object_id)
+    """An argument that was in an object store: read from a node holding it now. Nodes
+    record where objects are each heartbeat, so one made just now is looked for twice
+    that long before it is said to be gone."""
+    deadline = time.monotonic() + 2 * HEARTBEAT_INTERVAL
+    while True:
+        where = rt.plane.object_locations([arg.object_id]).get(arg.object_id)
+        if where or time.monotonic() > deadline:
+            break
+        time.sleep(HEARTBEAT_INTERVAL / 5)
+    gone = (f"argument {index} (object {arg.object_id.hex()}) no longer exists: it was "
+            f"freed once nothing referenced it, so this task can be replayed only while its "
+            f"arguments live (keep a ref to them, or replay it before they go)")
     if not where:
-        raise ReplayError(f"argument {index} (object {arg.object_id.hex()}) no longer "
-                          f"exists: it was freed once nothing referenced it, so this task "
-                          f"can be replayed only while its arguments live (keep a ref to "
-                          f"them, or replay it before they go)")
-    return rt.read_shared(arg.object_id, arg.owner_id, time.monotonic() + READ_TIMEOUT,
-                          where[0])
+        raise ReplayError(gone)
+    try:
+        return rt.read_shared(arg.object_id, arg.owner_id, time.monotonic() + READ_TIMEOUT,
+                              where[0])
+    except (GetTimeoutError, ObjectLostError, OwnerDiedError) as exc:
+        raise ReplayError(f"{gone} ({exc})") from None
 
 
 def _under_pdb(call: Call, stdin: Any, stdout: Any) -> Any:
