@@ -6,7 +6,8 @@ JSON array format that chrome://tracing and https://ui.perfetto.dev open).
         [ fetch arguments ][ run ............................ ][ store result ]
         [ lease: granted to this worker (the node manager's wait, request -> grant) ]
     process "node <id>", thread "object transfers": [ pull <object> <size> from <node> ]
-    process "owners", one thread per owner: [ queued: task name ] submit -> start on its worker
+    process "owners", one thread per owner: [ queued: task name ] submit -> start on its
+        worker: the wait for a lease (or a worker of it), for its arguments, and the trip
 
 A phase the worker did not reach (its code raised before its arguments were ready) is
 left out. Times are each process's wall clock: nodes whose clocks disagree show queues
@@ -63,7 +64,9 @@ def _task(task: dict[str, Any], lanes: dict[tuple[str, int], str]) -> list[dict[
             out.append(_slice("run", "phase", args_ts, run_end, node, pid))
             out.append(_slice("store result", "phase", run_end, end, node, pid))
     submitted = task.get("submit_ts")
-    if submitted and submitted <= start:
+    if submitted:  # (taken by the owner just after it sent the task: a task that started
+        #           at once may start before it, and shows as queued for no time)
+        submitted = min(submitted, start)
         owner = str(task.get("owner_id") or "")[:12]
         lane = int(owner or "0", 16) % (1 << 31)
         lanes[("owners", lane)] = f"owner {owner}"
