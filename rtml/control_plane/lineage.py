@@ -2,8 +2,8 @@
 its inline arguments while they are small.
 
     owner (a task ran) --(RAN, ..., spec)--> BatchedWriter's thread --kept_call(spec)-->
-        {"spec": the TaskSpec, encoded as it is (function id, arguments, options),
-         "args_dropped": 0}                                    inline arguments <= 8 KiB
+        the TaskSpec, encoded as it is (function id, arguments, options)
+                                                          its inline arguments <= 8 KiB
         {"spec": the TaskSpec without its arguments, "args_dropped": their bytes}  larger
 
 Arguments in the object store are kept as their ids (a replay reads them while they
@@ -23,14 +23,18 @@ CALL_ARGS_KEPT = 8 * 1024
 function and options only (its replay says why it cannot run)."""
 
 
-def kept_call(spec: Any) -> dict[str, Any]:
-    """The call record of ``spec`` (a TaskSpec), its inline arguments dropped when they
-    are over CALL_ARGS_KEPT."""
+def kept_call(spec: Any) -> Any:
+    """The call record of ``spec`` (a TaskSpec): the spec itself, or when its inline
+    arguments are over CALL_ARGS_KEPT, ``{"spec": it without them, "args_dropped": their
+    bytes}``. (Most tasks take the first branch after one loop over their arguments: the
+    writer's thread runs this for every task, in the driver's process.)"""
     size = 0
     for arg in spec.args:
         value = arg.value
         if value is not None:
-            size += len(value.data) + sum(len(buffer) for buffer in value.buffers)
+            size += len(value.data)
+            if value.buffers:
+                size += sum(len(buffer) for buffer in value.buffers)
     if size <= CALL_ARGS_KEPT:
-        return {"spec": spec, "args_dropped": 0}
+        return spec
     return {"spec": msgspec.structs.replace(spec, args=()), "args_dropped": size}

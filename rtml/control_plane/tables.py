@@ -435,7 +435,7 @@ class ControlPlane:
         record cost ~5: packing the command dominated) and to Redis at less.
         """
         if records:
-            records = [_with_kept_call(record) for record in records]
+            _keep_calls(records)
             batch_id = batch_id or time.time_ns().to_bytes(8, "big") + os.urandom(8)
             member = batch_id + len(records).to_bytes(4, "big")  # (see trim_task_records)
             self._client.pipeline([
@@ -473,7 +473,7 @@ class ControlPlane:
         tasks = []
         for record in self._task_records():
             call = record.pop("call", None)
-            spec = call.get("spec") if isinstance(call, dict) else None
+            spec = call.get("spec") if isinstance(call, dict) else call
             if isinstance(spec, list) and len(spec) > _SPEC_ACTOR_ID and spec[_SPEC_ACTOR_ID]:
                 record["actor_id"] = spec[_SPEC_ACTOR_ID]
             task = to_jsonable(record)
@@ -484,12 +484,15 @@ class ControlPlane:
 
     @_redis_errors
     def task_call(self, task_id: bytes) -> tuple[dict[str, Any], dict[str, Any] | None]:
-        """The task's record (JSON-friendly) and its call as stored (``lineage``: the
-        spec as a list, bytes as bytes), or None for a task whose call is not recorded
-        (it has not run). Raises KeyError if no such task is recorded."""
+        """The task's record (JSON-friendly) and its call (``lineage``) as
+        ``{"spec": the spec as a list, bytes as bytes, "args_dropped": bytes}``, or None
+        for a task whose call is not recorded (it has not run). Raises KeyError if no
+        such task is recorded."""
         for record in self._task_records():
             if record.get("task_id") == task_id:
                 call = record.pop("call", None)
+                if isinstance(call, list):
+                    call = {"spec": call, "args_dropped": 0}
                 return to_jsonable(record), call if isinstance(call, dict) else None
         raise KeyError(task_id.hex())
 
@@ -698,11 +701,14 @@ _SPEC_ACTOR_ID = 8
 """Index of ``actor_id`` in a stored TaskSpec (an array: rtml.rpc's field order)."""
 
 
-def _with_kept_call(record: TaskRecordData) -> TaskRecordData:
-    """A RAN record with its spec replaced by the call kept of it (``lineage``)."""
-    if isinstance(record, tuple) and record[0] == RAN and len(record) == _RAN_WITH_CALL:
-        return (*record[:-1], kept_call(record[-1]))
-    return record
+def _keep_calls(records: list[TaskRecordData]) -> None:
+    """Replace, in place, the spec of each RAN record by the call kept of it (``lineage``;
+    idempotent: a batch written again is the same)."""
+    for i, record in enumerate(records):
+        if type(record) is tuple and len(record) == _RAN_WITH_CALL and record[-1].args:
+            call = kept_call(record[-1])
+            if call is not record[-1]:
+                records[i] = (*record[:-1], call)
 
 
 def _matches(record: dict[str, Any], filters: dict[str, str] | None) -> bool:

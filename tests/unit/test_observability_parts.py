@@ -69,9 +69,9 @@ def test_a_call_keeps_small_inline_arguments_and_store_ones_by_id() -> None:
     small = m.TaskArg(value=m.Payload(b"x" * 100))
     stored = m.TaskArg(object_id=b"o" * 20, node_id=b"n" * 16)
     call = kept_call(_spec(small, stored))
-    assert call == {"spec": _spec(small, stored), "args_dropped": 0}
+    assert call == _spec(small, stored)
     encoded = msgspec.msgpack.decode(msgspec.msgpack.encode(call))
-    assert msgspec.convert(encoded["spec"], m.TaskSpec) == _spec(small, stored)
+    assert msgspec.convert(encoded, m.TaskSpec) == _spec(small, stored)
 
 
 def test_a_call_over_the_cap_keeps_its_function_and_options_only() -> None:
