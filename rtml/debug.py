@@ -87,11 +87,11 @@ def load(task_id: str | bytes | ObjectRef) -> Call:
         raise ReplayError(f"task {name!r} ({task_bytes.hex()}) has no recorded call: it has "
                           f"not run (status {record.get('status')}), so there is nothing to "
                           f"replay yet")
-    spec = msgspec.convert(call["spec"], m.TaskSpec)
-    if spec.actor_id:
+    if "actor_id" in call:
         raise ReplayError(f"{name!r} is a call of an actor's method: replaying actor calls "
                           f"is not supported (it needs the actor's state at that moment, "
                           f"which no record keeps); replay the tasks it calls instead")
+    spec = msgspec.convert(call["spec"], m.TaskSpec)
     if call.get("args_dropped"):
         raise ReplayError(f"task {name!r} was passed {call['args_dropped']} bytes of inline "
                           f"arguments, over the {CALL_ARGS_KEPT} bytes a task record keeps; "

@@ -5,6 +5,7 @@ its inline arguments while they are small.
         the TaskSpec, encoded as it is (function id, arguments, options)
                                                           its inline arguments <= 8 KiB
         {"spec": the TaskSpec without its arguments, "args_dropped": their bytes}  larger
+    an actor call: its actor id only (it cannot be replayed: its actor's state is not kept)
 
 Arguments in the object store are kept as their ids (a replay reads them while they
 live); inline ones are copied into the table, so they are capped: the table keeps

@@ -473,9 +473,8 @@ class ControlPlane:
         tasks = []
         for record in self._task_records():
             call = record.pop("call", None)
-            spec = call.get("spec") if isinstance(call, dict) else call
-            if isinstance(spec, list) and len(spec) > _SPEC_ACTOR_ID and spec[_SPEC_ACTOR_ID]:
-                record["actor_id"] = spec[_SPEC_ACTOR_ID]
+            if isinstance(call, bytes):  # an actor call's: its actor
+                record["actor_id"] = call
             task = to_jsonable(record)
             if _matches(task, filters):
                 tasks.append(task)
@@ -485,13 +484,15 @@ class ControlPlane:
     @_redis_errors
     def task_call(self, task_id: bytes) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """The task's record (JSON-friendly) and its call (``lineage``) as
-        ``{"spec": the spec as a list, bytes as bytes, "args_dropped": bytes}``, or None
-        for a task whose call is not recorded (it has not run). Raises KeyError if no
-        such task is recorded."""
+        ``{"spec": the spec as a list, bytes as bytes, "args_dropped": bytes}`` (an actor
+        call's: ``{"actor_id": bytes}``), or None for a task whose call is not recorded
+        (it has not run). Raises KeyError if no such task is recorded."""
         for record in self._task_records():
             if record.get("task_id") == task_id:
                 call = record.pop("call", None)
-                if isinstance(call, list):
+                if isinstance(call, bytes):
+                    call = {"actor_id": call}
+                elif isinstance(call, list):
                     call = {"spec": call, "args_dropped": 0}
                 return to_jsonable(record), call if isinstance(call, dict) else None
         raise KeyError(task_id.hex())
@@ -697,15 +698,14 @@ def _expand(stored: Any) -> dict[str, Any] | None:
 
 
 _RAN_WITH_CALL = len(_COMPACT[RAN][0]) + 1
-_SPEC_ACTOR_ID = 8
-"""Index of ``actor_id`` in a stored TaskSpec (an array: rtml.rpc's field order)."""
 
 
 def _keep_calls(records: list[TaskRecordData]) -> None:
     """Replace, in place, the spec of each RAN record by the call kept of it (``lineage``;
     idempotent: a batch written again is the same)."""
     for i, record in enumerate(records):
-        if type(record) is tuple and len(record) == _RAN_WITH_CALL and record[-1].args:
+        if (type(record) is tuple and len(record) == _RAN_WITH_CALL
+                and type(record[-1]) is not bytes and record[-1].args):
             call = kept_call(record[-1])
             if call is not record[-1]:
                 records[i] = (*record[:-1], call)

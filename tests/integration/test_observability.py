@@ -173,6 +173,8 @@ def _eventually(scrape: object, check: object, timeout: float = 10.0) -> dict:  
 def test_node_metrics_count_what_ran_there(two_nodes: TwoNodes) -> None:
     address = two_nodes.metrics_address(two_nodes.node_dir, "node_manager")
     assert address.startswith(f"{two_nodes.node_ip}:")
+    nodes = json.loads(two_nodes.cli("list", "nodes", "--format", "json").stdout)
+    assert address in [node.get("metrics_address") for node in nodes]  # for discovery
 
     def check(samples: dict) -> None:  # type: ignore[type-arg]
         assert _value(samples, "rtml_tasks_total", state="finished") >= 22  # 20 + 2 + actor

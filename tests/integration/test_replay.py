@@ -78,6 +78,8 @@ def test_replay_refuses_what_it_cannot_rebuild(cluster: None) -> None:
     assert rtml.get(call) == 1
     with pytest.raises(ReplayError, match="actor's method"):
         replay(call, debugger=False)
+    calls = [e for e in rtml.timeline() if e.get("cat") == "actor_call"]
+    assert any("incr" in e["name"] for e in calls)  # marked as an actor call, not a task
     with pytest.raises(ReplayError, match="no task"):
         replay("00" * 16, debugger=False)
     with pytest.raises(ReplayError, match="not a task id"):

@@ -81,12 +81,6 @@ def test_a_call_over_the_cap_keeps_its_function_and_options_only() -> None:
     assert call["spec"].args == () and call["spec"].function_id == b"F" * 20
 
 
-def test_the_stored_spec_says_actor_id_where_the_task_table_reads_it() -> None:
-    from rtml.control_plane.tables import _SPEC_ACTOR_ID
-
-    assert m.TaskSpec.__struct_fields__[_SPEC_ACTOR_ID] == "actor_id"
-
-
 def test_log_names_are_file_names_of_the_logs_directory(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     logs.mkdir()
