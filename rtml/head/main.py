@@ -6,7 +6,8 @@
         HeadService serves node managers and drivers on that socket
         one task group: the liveness watch (nodes silent for node_timeout s die), the
                         submitted jobs' runner (rtml.head.job_runner)
-        --"ok host:port"--> readiness pipe
+        /metrics (--metrics-port: rtml.metrics on this loop, rtml.head.metrics' families)
+        --"ok host:port [metrics host:port]"--> readiness pipe
     SIGTERM / SIGINT --> stopped: every node manager is told to shut down, writes finish
 """
 

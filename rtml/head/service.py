@@ -12,6 +12,8 @@
                            still PENDING are recorded FAILED (at job end only)
     cli --SubmitJob / StopJob / ListJobs / GetJobLogs--> JobRunner (rtml.head.job_runner):
                            submitted jobs' entrypoints run as the head's child processes
+    heartbeats, spills placed --> HeadMetrics (rtml.head.metrics), read by a scrape of
+                           /metrics when the head serves them (rtml.head.main)
 
 A head that restarted (its supervisor starts it again on the same listening socket)
 first rebuilds what its predecessor knew from the control plane (``recover``): the nodes

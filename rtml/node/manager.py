@@ -15,6 +15,10 @@
                  to head_timeout s (rtml.node.head_link), RegisterNode(rejoin) with the
                  actors hosted here, spilled requests sent again
     worker exit (pidfd) -> lease freed, holds dropped, pool refilled, head told
+    ListLogs / ReadLog (any token holder) -> this node's log files (rtml.logs)
+    --metrics-port: /metrics on this loop (rtml.metrics; counters in rtml.node.metrics),
+                    CountTasks to each worker every heartbeat; leases and pulls timed,
+                    written as timeline events with the heartbeat's writes
 
 The process's entry is :mod:`rtml.node.main`, which starts the worker zygote first.
 """
@@ -73,9 +77,9 @@ REGISTER_TIMEOUT = 30.0
 HEAD_CONNECT_TIMEOUT = 3.0
 """Seconds a starting node manager keeps trying to reach the head."""
 IDLE_WORKER_TICKS = 10
+"""Heartbeat ticks (0.5 s each) a worker beyond the pool size may idle before it is stopped."""
 EXITED_KEPT = 10_000
 """Exited workers whose pid and actor are remembered (to find their log files), the latest."""
-"""Heartbeat ticks (0.5 s each) a worker beyond the pool size may idle before it is stopped."""
 
 
 @dataclass
@@ -337,6 +341,7 @@ class NodeManager(Service):
 
     def _cancel_lease_request(self, peer: Peer, client: Client,
                               msg: m.CancelLeaseRequest) -> None:
+        self.metrics.lease_elsewhere(peer, msg.req_id)
         self._run(self.leases.cancel(peer, msg.req_id))
 
     # -- workers -----------------------------------------------------------------------------
