@@ -397,17 +397,22 @@ def _launch_supervisor(session: Session, cfg: HeadConfig,
 
 
 def take_over_head(session: Session, token: str, head_address: str,
-                   redis_address: RedisAddress, redis_pid: int) -> subprocess.Popen[bytes]:
+                   redis_address: RedisAddress, redis_pid: int,
+                   metrics_address: str = "") -> subprocess.Popen[bytes]:
     """Start a head supervisor (and head) for a head node whose supervisor died while its
     Redis (``redis_pid``, which the new supervisor keeps running) lives on: on the
     recorded address, taking over from what Redis recorded (the node managers rejoin
-    it). Returns the supervisor's process."""
+    it), serving metrics where the old head did (``metrics_address``, if it did).
+    Returns the supervisor's process."""
+    metrics_host, _, metrics_port = metrics_address.rpartition(":")
     host, _, port = head_address.rpartition(":")
     listener = _bind(host, int(port))
     cfg = HeadConfig(str(session.root), token, redis_address.host, redis_address.port, host,
                      int(port), listen_fd=listener.fileno(), redis_pid=redis_pid,
                      redis_user=redis_address.user, redis_password=redis_address.password,
-                     redis_tls=tls_text(redis_address.tls))
+                     redis_tls=tls_text(redis_address.tls),
+                     metrics_port=int(metrics_port) if metrics_port else -1,
+                     metrics_host=metrics_host)
     launched = _launch_supervisor(session, cfg, listener)
     await_ready(launched, session)
     return launched.proc

@@ -152,7 +152,8 @@ def _take_over_head(session: Session) -> bool:
     try:
         proc = cluster.take_over_head(session, token, record["head_address"],
                                       RedisAddress.from_info(record),
-                                      0 if users or redis is None else int(redis["pid"]))
+                                      0 if users or redis is None else int(redis["pid"]),
+                                      record.get("metrics", {}).get("head", ""))
     except RtmlSystemError as exc:
         raise CliError(f"could not start the head again in {session.root}: {exc}") from None
     supervisor.update(pid=proc.pid, start_time=process_start_time(proc.pid))
