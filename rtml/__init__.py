@@ -52,7 +52,7 @@ _HOME = {
     "NodeAffinitySchedulingStrategy": "rtml.core.options",
 }
 
-_MODULES = {"actor", "dag", "exceptions", "experimental", "job_config", "util"}
+_MODULES = {"actor", "dag", "debug", "exceptions", "experimental", "job_config", "util"}
 """Submodules reachable as attributes without their own import (``rtml.util.ActorPool``
 after ``import rtml``, as in Ray)."""
 

@@ -10,6 +10,7 @@ from operator import attrgetter
 from typing import Any
 
 from rtml import cluster, driver  # noqa: F401 - driver: a call before init() starts it
+from rtml.control_plane import chrome_trace
 from rtml.core import context, current
 from rtml.core.actors import ActorClass, ActorHandle, handle_of
 from rtml.core.generators import ObjectRefGenerator
@@ -236,19 +237,13 @@ def get_gpu_ids() -> list[int]:
 
 
 def timeline(filename: str | None = None) -> list[dict[str, Any]]:
-    """Chrome-trace events of this job's finished tasks (also written to ``filename``)."""
+    """Chrome-trace events of this job's tasks and actor calls, with their phases, and the
+    cluster's leases and object transfers (also written to ``filename``)."""
     rt = current.require_runtime()
     rt.owner.settle()
     rt.writer.flush()
-    events = []
-    for task in rt.plane.list_tasks({"job_id": rt.job_id.hex()}):
-        if task.get("start_ts") and task.get("end_ts"):
-            events.append({"name": task.get("name", "task"), "cat": "task", "ph": "X",
-                           "ts": task["start_ts"] * 1e6,
-                           "dur": (task["end_ts"] - task["start_ts"]) * 1e6,
-                           "pid": task.get("node_id", "")[:12], "tid": task.get("worker_pid", 0),
-                           "args": {"task_id": task.get("task_id"),
-                                    "status": task.get("status")}})
+    events = chrome_trace(rt.plane.list_tasks({"job_id": rt.job_id.hex()}),
+                          rt.plane.read_events())
     if filename is not None:
         with open(filename, "w") as f:
             json.dump(events, f)

@@ -73,6 +73,7 @@ class StartedNode:
     keeper: RedisKeeper | None = None  # an embedded head's Redis keeper (a thread of ours)
     dashboard: DashboardKeeper | None = None  # an embedded head's (a thread of ours)
     dashboard_url: str = ""  # "": none runs
+    metrics: dict[str, str] = field(default_factory=dict)  # process -> host:port of /metrics
 
     def pids(self) -> list[int]:
         pids = [p.pid for p in self.procs]
@@ -397,7 +398,9 @@ def start_head_node(session: Session, token: str, node: NodeConfig, *, port: int
                               redis_user=redis_address.user,
                               redis_password=redis_address.password,
                               redis_tls=tls_text(redis_address.tls),
-                              tls_cert=node.tls_cert, tls_key=node.tls_key)
+                              tls_cert=node.tls_cert, tls_key=node.tls_key,
+                              metrics_port=head_metrics_port(node.metrics_port),
+                              metrics_host=node.metrics_host)
         if node_timeout is not None:
             head_cfg = HeadConfig(**{**head_cfg.__dict__, "node_timeout": node_timeout})
         if die_with_parent:
@@ -411,7 +414,9 @@ def start_head_node(session: Session, token: str, node: NodeConfig, *, port: int
             head = _launch_supervisor(session, head_cfg, listener, web)
             started.procs.append(head.proc)
         node_manager = _launch_node_manager(started, node, die_with_parent, own_group)
-        await_ready(head, session)
+        _, _, metrics = await_ready(head, session).partition(" ")
+        if metrics:
+            started.metrics["head"] = metrics
         try:
             _node_ready(started, node_manager)
         except RtmlSystemError as exc:
@@ -433,6 +438,12 @@ def start_head_node(session: Session, token: str, node: NodeConfig, *, port: int
                                          redis.proc.pid, redis.proc)
             started.keeper.watch_in_thread()
     return started
+
+
+def head_metrics_port(node_port: int) -> int:
+    """The head service's metrics port on a head node whose node manager serves metrics
+    on ``node_port``: the next one (0: a port the kernel picks; -1: none)."""
+    return node_port + 1 if node_port > 0 else node_port
 
 
 def _check_redis(address: RedisAddress, token: str) -> None:
@@ -474,17 +485,22 @@ def _launch_supervisor(session: Session, cfg: HeadConfig, listener: socket.socke
 
 def take_over_head(session: Session, token: str, head_address: str,
                    redis_address: RedisAddress, redis_pid: int,
-                   tls: tuple[str, str] = ("", "")) -> subprocess.Popen[bytes]:
+                   tls: tuple[str, str] = ("", ""), metrics_address: str = ""
+                   ) -> subprocess.Popen[bytes]:
     """Start a head supervisor (and head) for a head node whose supervisor died while its
     Redis (``redis_pid``, which the new supervisor keeps running) lives on: on the
     recorded address, taking over from what Redis recorded (the node managers rejoin
-    it). Returns the supervisor's process."""
+    it), serving metrics where the old head did (``metrics_address``, if it did).
+    Returns the supervisor's process."""
+    metrics_host, _, metrics_port = metrics_address.rpartition(":")
     host, _, port = head_address.rpartition(":")
     listener = _bind(host, int(port))
     cfg = HeadConfig(str(session.root), token, redis_address.host, redis_address.port, host,
                      int(port), listen_fd=listener.fileno(), redis_pid=redis_pid,
                      redis_user=redis_address.user, redis_password=redis_address.password,
-                     redis_tls=tls_text(redis_address.tls), tls_cert=tls[0], tls_key=tls[1])
+                     redis_tls=tls_text(redis_address.tls), tls_cert=tls[0], tls_key=tls[1],
+                     metrics_port=int(metrics_port) if metrics_port else -1,
+                     metrics_host=metrics_host)
     launched = _launch_supervisor(session, cfg, listener)
     await_ready(launched, session)
     return launched.proc
@@ -520,7 +536,10 @@ def _launch_node_manager(started: StartedNode, node: NodeConfig, die_with_parent
 
 
 def _node_ready(started: StartedNode, launched: Launched) -> None:
-    started.node_id, started.nm_address = await_ready(launched, started.session).split(" ", 1)
+    started.node_id, started.nm_address, metrics = await_ready(
+        launched, started.session).split(" ", 2)
+    if metrics != "-":
+        started.metrics["node_manager"] = metrics
 
 
 def find_local_node(head_address: str, token: str, node_id: str = "") -> tuple[str, str]:

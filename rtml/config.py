@@ -95,6 +95,8 @@ class NodeConfig:
     head_timeout: float = field(default_factory=default_head_timeout)
     tls_cert: str = ""  # TLS on its TCP listeners and its workers' (rtml.rpc.tls); "": none
     tls_key: str = ""
+    metrics_port: int = -1  # /metrics (rtml.metrics): -1 not served, 0 a port the kernel picks
+    metrics_host: str = ""  # where it is served: "" loopback; another address needs the token
 
     def total_resources(self) -> dict[str, float]:
         total = {"CPU": float(self.num_cpus), "GPU": float(self.num_gpus),
@@ -134,6 +136,8 @@ class HeadConfig:
     tls_cert: str = ""  # TLS on its TCP listener (rtml.rpc.tls); "": none
     tls_key: str = ""
     dashboard_fd: int = -1  # the dashboard's listening socket, bound by the launcher; -1: none
+    metrics_port: int = -1  # as NodeConfig's
+    metrics_host: str = ""
 
     def to_json(self) -> str:
         """The config without its secrets (which travel in ``TOKEN_ENV`` and

@@ -184,13 +184,19 @@ class RtmlSystemError(RtmlError):
     """An internal component failed; the message names it and what to do."""
 
 
+class ReplayError(RtmlError):
+    """``rtml.debug.replay`` / ``rtml debug`` cannot rebuild the task's call; the message
+    says why (not recorded, not run yet, an actor call, an argument freed or too large to
+    be kept) and what to do."""
+
+
 class ProtocolError(RtmlError):
     """A peer sent a frame that breaks the wire protocol (bad token, bad size, bad shape)."""
 
 
 __all__ = [
     "ActorDiedError", "ActorError", "GetTimeoutError", "NodeDiedError", "ObjectLostError",
-    "ObjectStoreFullError", "OutOfDiskError", "OwnerDiedError", "ProtocolError", "RtmlError",
+    "ObjectStoreFullError", "OutOfDiskError", "OwnerDiedError", "ProtocolError", "ReplayError", "RtmlError",
     "RtmlSystemError", "RuntimeEnvSetupError", "TaskCancelledError", "TaskError",
     "WorkerCrashedError",
 ]

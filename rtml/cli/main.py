@@ -12,6 +12,8 @@
     rtml status / list / get / summary / memory / timeline
                   -> ControlPlane(redis host, port, token) -> rtml.state.StateReader
     rtml job submit / status / logs / stop / list -> the head (authenticated; rtml.cli.job)
+    rtml logs ... -> the control plane (where) -> the node manager holding it (rtml.cli.logs)
+    rtml debug TASK_ID -> a driver here replays the task under pdb (rtml.cli.debug)
 
 Every ``rtml start`` records what it started in its session directory
 (``--session-dir``, else ``RTML_SESSION_DIR``, else ``/tmp/rtml-<uid>/session_latest``);
@@ -21,7 +23,8 @@ fix and exits 1.
 
 This module is the parser and the dispatch; the commands live in
 :mod:`rtml.cli.start` (start, stop), :mod:`rtml.cli.state` (status, list, get,
-summary, memory, timeline) and :mod:`rtml.cli.job` (job submission).
+summary, memory, timeline), :mod:`rtml.cli.job` (job submission), :mod:`rtml.cli.logs`
+(logs) and :mod:`rtml.cli.debug` (replay).
 """
 
 from __future__ import annotations
@@ -33,11 +36,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rtml.cli.debug import add_debug_command
 from rtml.cli.job import add_job_commands
+from rtml.cli.logs import add_logs_command
 from rtml.cli.options import CliError, add_session_dir
 from rtml.cli.start import cmd_start, cmd_stop
 from rtml.cli.state import cmd_get, cmd_list, cmd_memory, cmd_status, cmd_summary, cmd_timeline
-from rtml.exceptions import RtmlSystemError
+from rtml.exceptions import RtmlError
 from rtml.state import KINDS, SUMMARIES
 from rtml.state.common import DEFAULT_LIMIT
 
@@ -55,7 +60,7 @@ def main(argv: list[str]) -> int:
         return 1
     try:
         return int(args.run(args))
-    except (CliError, RtmlSystemError) as exc:
+    except (CliError, RtmlError) as exc:
         print(f"rtml: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -76,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_session_dir(status)
     _add_state(sub)
     add_job_commands(sub)
+    add_logs_command(sub)
+    add_debug_command(sub)
     timeline = _command(sub, "timeline", cmd_timeline, "write a Chrome trace of the tasks")
     timeline.add_argument("-o", "--output", default="timeline.json", help="file to write")
     add_session_dir(timeline)
@@ -131,6 +138,14 @@ def _add_start(sub: Any) -> None:
     start.add_argument("--dashboard-host", default="127.0.0.1", metavar="IP",
                        help="--head: the address the dashboard listens on (default "
                             "127.0.0.1: this machine only; 0.0.0.0: every address)")
+    start.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                       help="serve Prometheus metrics at http://HOST:PORT/metrics from this "
+                            "node's manager (and, with --head, the head service's at PORT+1; "
+                            "0: ports the kernel picks, printed and recorded). Default: off")
+    start.add_argument("--metrics-host", default=None, metavar="IP",
+                       help="where --metrics-port listens (default 127.0.0.1, for this "
+                            "machine only); any other address requires the cluster token "
+                            "as 'Authorization: Bearer <token>'")
     start.add_argument("--block", action="store_true",
                        help="stay in the foreground; stop everything on Ctrl-C / SIGTERM")
     add_session_dir(start)

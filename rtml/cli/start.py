@@ -76,10 +76,10 @@ def _node_config(args: argparse.Namespace, session: Session, token: str) -> Node
     if not cluster.is_local_ip(node_ip):
         raise CliError(f"--node-ip-address {node_ip} is not an address of this machine")
     cert, key = _tls_files(args, session)
+    metrics_port, metrics_host = _metrics_flags(args)
     return NodeConfig(str(session.root), token, "", num_cpus, args.num_gpus or 0.0,
-                      resources, store, node_ip=node_ip, tls_cert=cert, tls_key=key)
-
-
+                      resources, store, node_ip=node_ip, tls_cert=cert, tls_key=key,
+                      metrics_port=metrics_port, metrics_host=metrics_host)
 def _tls_files(args: argparse.Namespace, session: Session) -> tuple[str, str]:
     """The certificate and key of ``--tls`` (given, or made in the session directory),
     checked; ("", "") without TLS."""
@@ -99,6 +99,22 @@ def _tls_files(args: argparse.Namespace, session: Session) -> tuple[str, str]:
     except ValueError as exc:
         raise CliError(str(exc)) from None
     return cert, key
+
+
+def _metrics_flags(args: argparse.Namespace) -> tuple[int, str]:
+    """(port, host) of ``--metrics-port`` / ``--metrics-host``; (-1, "") when off."""
+    port, host = args.metrics_port, args.metrics_host
+    if port is None:
+        if host is not None:
+            raise CliError("--metrics-host needs --metrics-port PORT (0: any free port)")
+        return -1, ""
+    if not 0 <= port <= 65534:
+        raise CliError(f"--metrics-port must be a port number (0 for any free one), got "
+                       f"{port}")
+    if host is not None and host != "0.0.0.0" and not cluster.is_local_ip(host):
+        raise CliError(f"--metrics-host {host} is not an address of this machine (give one "
+                       f"of its addresses, or 0.0.0.0 for all)")
+    return port, host or ""
 
 
 def _parse_resources(text: str | None) -> dict[str, float]:
@@ -182,7 +198,8 @@ def _take_over_head(session: Session) -> bool:
         proc = cluster.take_over_head(session, token, record["head_address"],
                                       RedisAddress.from_info(record),
                                       0 if users or redis is None else int(redis["pid"]),
-                                      (record.get("tls_cert", ""), record.get("tls_key", "")))
+                                      (record.get("tls_cert", ""), record.get("tls_key", "")),
+                                      record.get("metrics", {}).get("head", ""))
     except RtmlSystemError as exc:
         raise CliError(f"could not start the head again in {session.root}: {exc}") from None
     supervisor.update(pid=proc.pid, start_time=process_start_time(proc.pid))
@@ -219,6 +236,8 @@ def _start_worker_node(args: argparse.Namespace, session: Session) -> int:
     print(f"Started an rtml node in session {session.root}")
     print(f"  joined head:   {address}")
     print(f"  node manager:  {started.nm_address} (node {started.node_id})")
+    for line in _metrics_lines(started):
+        print(line)
     print(f"RTML_ADDRESS={address}")
     print(f"To stop it: rtml stop{session_flag(session)}", flush=True)
     return _block(started) if args.block else 0
@@ -289,7 +308,7 @@ def _write_record(started: cluster.StartedNode, role: str,
     started.session.write_record({
         "role": role, "head_address": started.head_address, "nm_address": started.nm_address,
         "node_id": started.node_id, **where, "tls_cert": tls[0], "tls_key": tls[1],
-        "dashboard_url": started.dashboard_url,
+        "dashboard_url": started.dashboard_url, "metrics": started.metrics,
         "pids": [pid for pid, _ in procs],
         "processes": [{"pid": pid, "name": name, "start_time": process_start_time(pid)}
                       for pid, name in procs],
@@ -319,6 +338,7 @@ def _print_head_started(started: cluster.StartedNode, token: str, session: Sessi
         f"  node manager:   {started.nm_address} (node {started.node_id})",
         f"  control plane:  Redis at {redis}{whose}",
         f"  dashboard:      {started.dashboard_url or 'none (--dashboard-port 0)'}",
+        *_metrics_lines(started),
         f"RTML_ADDRESS={started.head_address}",
         f"RTML_TOKEN={token}",
         "",
@@ -332,6 +352,11 @@ def _print_head_started(started: cluster.StartedNode, token: str, session: Sessi
         f"To stop this node:  rtml stop{session_flag(session)}",
     ]
     print("\n".join(lines), flush=True)
+
+
+def _metrics_lines(started: cluster.StartedNode) -> list[str]:
+    return [f"  metrics ({name.replace('_', ' ')}): http://{address}/metrics"
+            for name, address in started.metrics.items()]
 
 
 def _block(started: cluster.StartedNode) -> int:

@@ -149,6 +149,8 @@ def cmd_timeline(args: argparse.Namespace) -> int:
         events = reader.timeline()
     with open(args.output, "w") as f:
         json.dump(events, f)
-    print(f"Wrote {len(events)} task event(s) to {args.output}; open it in "
-          f"chrome://tracing or https://ui.perfetto.dev")
+    tasks = sum(1 for e in events if e.get("cat") in ("task", "actor_call"))
+    print(f"Wrote {len(events)} trace event(s) ({tasks} task(s) and actor call(s), their "
+          f"phases, leases and transfers) to {args.output}; open it in chrome://tracing or "
+          f"https://ui.perfetto.dev")
     return 0

@@ -33,6 +33,7 @@ import msgspec
 
 from rtml.control_plane.address import RedisAddress
 from rtml.control_plane.keys import DEFAULT_NAMESPACE, Keys
+from rtml.control_plane.lineage import kept_call
 from rtml.control_plane.resp import (
     Arg,
     AuthError,
@@ -63,7 +64,8 @@ RAN = 1
 _COMPACT: dict[int, tuple[tuple[str, ...], dict[str, Any]]] = {
     SUBMITTED: (("task_id", "name", "job_id", "owner_id", "function_id", "submit_ts"),
                 {"status": "PENDING", "attempt": 0}),
-    RAN: (("task_id", "attempt", "status", "start_ts", "end_ts", "worker_pid", "node_id"), {}),
+    RAN: (("task_id", "attempt", "status", "start_ts", "end_ts", "worker_pid", "node_id",
+           "args_ts", "run_end_ts", "call"), {}),
 }
 """tag -> (the fields that follow it, in order; the fields it implies)."""
 TaskRecordData = dict[str, Any] | tuple[Any, ...]
@@ -437,6 +439,7 @@ class ControlPlane:
         record cost ~5: packing the command dominated) and to Redis at less.
         """
         if records:
+            _keep_calls(records)
             batch_id = batch_id or time.time_ns().to_bytes(8, "big") + os.urandom(8)
             member = batch_id + len(records).to_bytes(4, "big")  # (see trim_task_records)
             self._client.pipeline([
@@ -468,8 +471,41 @@ class ControlPlane:
         a task whose submission record was trimmed is not listed (its outcome goes later).
 
         A filter matches when the field's JSON-friendly value, as ``str``, equals it
-        (ids as hex, e.g. ``{"job_id": job.hex(), "status": "FINISHED"}``).
+        (ids as hex, e.g. ``{"job_id": job.hex(), "status": "FINISHED"}``). A record's
+        call (``task_call``) is left out; ``actor_id`` says whose method it ran.
         """
+        tasks = []
+        for record in self._merged_tasks().values():
+            if "name" not in record:
+                continue  # its submission was trimmed: so is the task, for its readers
+            call = record.pop("call", None)
+            if isinstance(call, bytes):  # an actor call's: its actor
+                record["actor_id"] = call
+            task = to_jsonable(record)
+            if _matches(task, filters):
+                tasks.append(task)
+        tasks.sort(key=lambda task: task.get("submit_ts", 0.0))
+        return tasks[-limit:] if limit > 0 else []
+
+    @_redis_errors
+    def task_call(self, task_id: bytes) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """The task's record (JSON-friendly) and its call (``lineage``) as
+        ``{"spec": the spec as a list, bytes as bytes, "args_dropped": bytes}`` (an actor
+        call's: ``{"actor_id": bytes}``), or None for a task whose call is not recorded
+        (it has not run). Raises KeyError if no such task is recorded."""
+        record = self._merged_tasks().get(task_id)
+        if record is None or "name" not in record:
+            raise KeyError(task_id.hex())
+        call = record.pop("call", None)
+        if isinstance(call, bytes):
+            call = {"actor_id": call}
+        elif isinstance(call, list):
+            call = {"spec": call, "args_dropped": 0}
+        return to_jsonable(record), call if isinstance(call, dict) else None
+
+    def _merged_tasks(self) -> dict[bytes, dict[str, Any]]:
+        """Each task's records merged into one, by task id: a final status kept over a
+        PENDING read out of order."""
         tasks: dict[bytes, dict[str, Any]] = {}
         for record in self._task_records():
             task = tasks.setdefault(record["task_id"], {})
@@ -477,22 +513,14 @@ class ControlPlane:
             task.update(record)
             if status in _FINAL and record.get("status") not in _FINAL:
                 task["status"] = status  # another writer's PENDING, read out of order
-        found = []
-        for record in tasks.values():
-            if "name" not in record:
-                continue  # its submission was trimmed: so is the task, for its readers
-            task = to_jsonable(record)
-            if _matches(task, filters):
-                found.append(task)
-        found.sort(key=lambda task: task.get("submit_ts", 0.0))
-        return found[-limit:] if limit > 0 else []
+        return tasks
 
     @_redis_errors
     def task_history(self, task_id: bytes) -> list[dict[str, Any]]:
         """Every record of one task as written, unmerged, in the order of their batches
         (its submission, each attempt's outcome and failure): what shows its attempts."""
-        return [to_jsonable(record) for record in self._task_records()
-                if record["task_id"] == task_id]
+        return [to_jsonable({k: v for k, v in record.items() if k != "call"})
+                for record in self._task_records() if record["task_id"] == task_id]
 
     def _task_records(self) -> list[dict[str, Any]]:
         """Every task record (compact ones expanded), in the order of their batches."""
@@ -691,14 +719,29 @@ class ControlPlane:
 
 
 def _expand(stored: Any) -> dict[str, Any] | None:
-    """A stored task record as a dict (a compact one expanded); None if it is neither."""
+    """A stored task record as a dict (a compact one expanded: one written before fields
+    were added has the first ones); None if it is neither."""
     if isinstance(stored, dict):
         return stored
     if isinstance(stored, list) and stored and stored[0] in _COMPACT:
         fields, implied = _COMPACT[stored[0]]
-        if len(stored) == len(fields) + 1:
-            return {**implied, **dict(zip(fields, stored[1:], strict=True))}
+        if 1 < len(stored) <= len(fields) + 1:
+            return {**implied, **dict(zip(fields, stored[1:], strict=False))}
     return None
+
+
+_RAN_WITH_CALL = len(_COMPACT[RAN][0]) + 1
+
+
+def _keep_calls(records: list[TaskRecordData]) -> None:
+    """Replace, in place, the spec of each RAN record by the call kept of it (``lineage``;
+    idempotent: a batch written again is the same)."""
+    for i, record in enumerate(records):
+        if (type(record) is tuple and len(record) == _RAN_WITH_CALL
+                and type(record[-1]) is not bytes and record[-1].args):
+            call = kept_call(record[-1])
+            if call is not record[-1]:
+                records[i] = (*record[:-1], call)
 
 
 def _matches(record: dict[str, Any], filters: dict[str, str] | None) -> bool:

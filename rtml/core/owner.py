@@ -589,10 +589,14 @@ class TaskOwner(TaskEvents):
 
 
 def _lineage(record: TaskRecord, msg: m.TaskResult) -> tuple[Any, ...]:
-    """The outcome record of a task that ran (compact: see ``write_task_records``)."""
-    return (RAN, record.spec.task_id, record.spec.attempt,
+    """The outcome record of a task that ran (compact: see ``write_task_records``), with
+    its phases and its call (a task's spec, for replay: encoded and capped by the writer's
+    thread; an actor call's actor id, as it cannot be replayed)."""
+    spec = record.spec
+    return (RAN, spec.task_id, spec.attempt,
             "FAILED" if msg.returns and msg.returns[0].is_error else "FINISHED",
-            msg.start_ts, msg.end_ts, msg.worker_pid, msg.node_id)
+            msg.start_ts, msg.end_ts, msg.worker_pid, msg.node_id, msg.args_ts,
+            msg.run_end_ts, spec.actor_id or spec)
 
 
 def _in_store(msg: m.TaskResult) -> bool:

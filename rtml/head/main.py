@@ -6,7 +6,8 @@
         HeadService serves node managers and drivers on that socket
         one task group: the liveness watch (nodes silent for node_timeout s die), the
                         submitted jobs' runner (rtml.head.job_runner)
-        --"ok host:port"--> readiness pipe
+        /metrics (--metrics-port: rtml.metrics on this loop, rtml.head.metrics' families)
+        --"ok host:port [metrics host:port]"--> readiness pipe
     SIGTERM / SIGINT --> stopped: every node manager is told to shut down, writes finish
 """
 
@@ -28,7 +29,9 @@ from rtml.daemon import (
     run_until_stopped,
     setup_logging,
 )
+from rtml.head.metrics import HeadParts
 from rtml.head.service import HeadService
+from rtml.metrics import MetricsServer
 from rtml.rpc import messages as m
 from rtml.rpc.server import protocol_factory
 from rtml.rpc.tls import listener_tls
@@ -53,7 +56,13 @@ async def serve(cfg: HeadConfig, ready: ReadyPipe) -> None:
         server = await loop.create_server(protocol_factory(head, tls), cfg.host, cfg.port)
     port = server.sockets[0].getsockname()[1]
     log.info("head service pid %d serving on %s:%d", os.getpid(), cfg.host, port)
-    ready.report(f"ok {cfg.host}:{port}")
+    metrics = None
+    if cfg.metrics_port >= 0:
+        parts = HeadParts(head.nodes, head.actors, head.jobs, head.sched)
+        metrics = MetricsServer(head.metrics.serve(parts), cfg.metrics_host or "127.0.0.1",
+                                cfg.metrics_port, cfg.token)
+        await metrics.start()
+    ready.report(f"ok {cfg.host}:{port}" + (f" {metrics.address}" if metrics else ""))
     try:
         await run_until_stopped(head.stopped, _watch_liveness(head), _trim_tasks(head),
                                 head.submissions.run(f"{cfg.host}:{port}"))
@@ -62,6 +71,8 @@ async def serve(cfg: HeadConfig, ready: ReadyPipe) -> None:
             if node.alive:
                 node.peer.send(m.Shutdown())
         server.close()
+        if metrics is not None:
+            await metrics.close()
         await asyncio.to_thread(head.close)
 
 

@@ -12,6 +12,8 @@
                            still PENDING are recorded FAILED (at job end only)
     cli --SubmitJob / StopJob / ListJobs / GetJobLogs--> JobRunner (rtml.head.job_runner):
                            submitted jobs' entrypoints run as the head's child processes
+    heartbeats, spills placed --> HeadMetrics (rtml.head.metrics), read by a scrape of
+                           /metrics when the head serves them (rtml.head.main)
 
 A head that restarted (its supervisor starts it again on the same listening socket)
 first rebuilds what its predecessor knew from the control plane (``recover``): the nodes
@@ -49,6 +51,7 @@ from rtml.control_plane import BatchedWriter, ControlPlane, RedisAddress, tls_fr
 from rtml.head import actors as ad
 from rtml.head import placement_groups as pgs
 from rtml.head.job_runner import JobRunner
+from rtml.head.metrics import HeadMetrics
 from rtml.head.writes import PlaneWrites
 from rtml.ids import NO_NODE, JobID, NodeID
 from rtml.rpc import messages as m
@@ -93,6 +96,7 @@ class HeadService(Service):
         self.plane = ControlPlane.at(self.redis, cfg.token)
         self.events = BatchedWriter(self.plane, interval=EVENT_FLUSH_INTERVAL)
         self.writes = PlaneWrites()
+        self.metrics = HeadMetrics()
         self.nodes: dict[NodeID, NodeState] = {}
         self.sched = pl.GlobalScheduler()
         self.actors = ad.ActorDirectory(self._actor_node, self._node_alive)
@@ -212,7 +216,8 @@ class HeadService(Service):
         # Told at once, not once recorded: a node must be able to join while Redis is slow.
         self.writes.write(self.plane.put_node, msg.node_id, {
             "address": msg.address, "resources": msg.resources,
-            "session_dir": msg.session_dir, "alive": True, "start_ts": time.time()})
+            "session_dir": msg.session_dir, "alive": True, "start_ts": time.time(),
+            "metrics_address": msg.metrics_address})
         self._event("NodeRegistered", node_id=msg.node_id, address=msg.address,
                     resources=msg.resources)
         self._broadcast_nodes()
@@ -261,6 +266,7 @@ class HeadService(Service):
         if bad:
             log.warning("ignoring a heartbeat of node %s: %s", msg.node_id.hex(), bad)
             return
+        self.metrics.heartbeat(msg)
         self._decided(self.sched.heartbeat(msg.node_id, msg.available, time.monotonic(),
                                            msg.total))
         self.writes.latest(("heartbeat", msg.node_id), self.plane.heartbeat, msg.node_id,
@@ -343,6 +349,7 @@ class HeadService(Service):
                 continue
             req_id = decision.request.req_id
             if isinstance(decision, pl.Placed):
+                self.metrics.spills_placed += 1
                 origin.peer.send(m.LeasePlaced(req_id, decision.node_id, decision.address))
             elif isinstance(decision, pl.Failed):
                 origin.peer.send(m.LeasePlaced(req_id, NO_NODE, "", error=decision.error))

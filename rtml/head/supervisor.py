@@ -6,7 +6,7 @@ CONFIG_JSON READY_FD``.
         starts it again whenever it exits unasked, on the same socket
         DashboardKeeper (rtml.cluster) does the same for the dashboard, on its socket
         RedisKeeper (rtml.cluster) starts the session's Redis again whenever it exits
-        --"ok host:port" once the first head is ready--> readiness pipe
+        --"ok host:port [metrics]" once the first head is ready--> readiness pipe
     SIGTERM / SIGINT --> the head (and a Redis started here) is stopped, then we exit
 
 An embedded cluster runs the same supervisor as a thread of its driver.

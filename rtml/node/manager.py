@@ -15,6 +15,10 @@
                  to head_timeout s (rtml.node.head_link), RegisterNode(rejoin) with the
                  actors hosted here, spilled requests sent again
     worker exit (pidfd) -> lease freed, holds dropped, pool refilled, head told
+    ListLogs / ReadLog (any token holder) -> this node's log files (rtml.logs)
+    --metrics-port: /metrics on this loop (rtml.metrics; counters in rtml.node.metrics),
+                    CountTasks to each worker every heartbeat; leases and pulls timed,
+                    written as timeline events with the heartbeat's writes
 
 The process's entry is :mod:`rtml.node.main`, which starts the worker zygote first.
 """
@@ -57,9 +61,12 @@ from rtml.ids import (
     new_node_id,
     new_worker_id,
 )
+from rtml.logs import list_files, read
+from rtml.metrics import MetricsServer
 from rtml.node.head_link import HeadLink
 from rtml.node.leases import LeaseRouter, Reply, ToHead
 from rtml.node.links import NodeLinks
+from rtml.node.metrics import NodeMetrics, NodeParts
 from rtml.node.objects import ObjectManager
 from rtml.node.workers import WorkerLauncher, WorkerProc
 from rtml.rpc import messages as m
@@ -84,6 +91,8 @@ HEAD_CONNECT_TIMEOUT = 3.0
 """Seconds a starting node manager keeps trying to reach the head."""
 IDLE_WORKER_TICKS = 10
 """Heartbeat ticks (0.5 s each) a worker beyond the pool size may idle before it is stopped."""
+EXITED_KEPT = 10_000
+"""Exited workers whose pid and actor are remembered (to find their log files), the latest."""
 
 
 @dataclass
@@ -120,13 +129,16 @@ class NodeManager(Service):
         self.clients: set[Peer] = set()
         self.other_nodes: set[NodeID] = set()
         self.leases = LeaseRouter(self.node_id, self.sched, _worker_of)
+        self.metrics = NodeMetrics(enabled=cfg.metrics_port >= 0)
+        self.metrics_server: MetricsServer | None = None
+        self.exited: dict[str, tuple[int, ActorID]] = {}  # worker id (12 hex) -> pid, actor
         # To the head and other node managers it is a client named by its node id.
         self.client_id = ClientID(self.node_id)
         self.links = NodeLinks(self.token, make_hello("node", self.client_id), self._link_answer)
         self.tls = listener_tls(cfg.tls_cert, cfg.tls_key)
         self.objects = ObjectManager(self.node_id, self.store_dir, str(self.session.spill),
                                      cfg.object_store_memory, self.token, self.links,
-                                     self._end_actor, cfg.tls_cert, cfg.tls_key)
+                                     self._end_actor, self.metrics, cfg.tls_cert, cfg.tls_key)
         self.launcher = WorkerLauncher(zygote, self._worker_gone)
         self.head = HeadLink(cfg.head_address, self.token, make_hello("node", self.client_id))
 
@@ -157,6 +169,13 @@ class NodeManager(Service):
         self.tcp_server = await loop.create_server(protocol_factory(self, self.tls),
                                                    self.cfg.node_ip, self.cfg.port)
         self.address = f"{self.cfg.node_ip}:{self.tcp_server.sockets[0].getsockname()[1]}"
+        if self.metrics.enabled:
+            parts = NodeParts(self.sched, self.leases, self.workers, self.objects.store,
+                              self.objects.pulls)
+            self.metrics_server = MetricsServer(self.metrics.serve(parts),
+                                                self.cfg.metrics_host or "127.0.0.1",
+                                                self.cfg.metrics_port, self.token)
+            await self.metrics_server.start()
         reply = await self.head.connect(HEAD_CONNECT_TIMEOUT)
         self.plane = ControlPlane.at(RedisAddress.from_info(reply.info), self.token)
         self.head.send(self._registration(rejoin=False))
@@ -165,7 +184,8 @@ class NodeManager(Service):
     def _registration(self, rejoin: bool) -> m.RegisterNode:
         msg = m.RegisterNode(self.node_id, self.address, self.unix_path, self.sched.total,
                              str(self.session.root), self.transfer_address,
-                             self.tls.cert_pem if self.tls is not None else b"", rejoin=rejoin)
+                             self.tls.cert_pem if self.tls is not None else b"", rejoin=rejoin,
+                             metrics_address=self._metrics_address())
         if rejoin:
             msg.groups = [PlacementGroupID(bytes.fromhex(pg)) for pg in self.sched.bundles]
             ready = {w.actor_id: w for w in self.workers.values() if w.actor_ready}
@@ -183,7 +203,11 @@ class NodeManager(Service):
         except TimeoutError:
             raise RtmlSystemError(f"the head at {self.cfg.head_address} did not answer this "
                                   f"node's registration within {REGISTER_TIMEOUT:g} s") from None
-        ready.report(f"ok {self.node_id.hex()} unix:{self.unix_path}")
+        ready.report(f"ok {self.node_id.hex()} unix:{self.unix_path} "
+                     f"{self._metrics_address() or '-'}")
+
+    def _metrics_address(self) -> str:
+        return self.metrics_server.address if self.metrics_server is not None else ""
 
     def _transfer_ready(self, address: str) -> None:
         self.transfer_address = address
@@ -195,16 +219,35 @@ class NodeManager(Service):
                 self.workers[worker_id].kill()
             self._heartbeat()
             await self.objects.flush(self.plane)
+            await self._write_events()
             await self.objects.locate_unknown(self.plane)
             await asyncio.sleep(HEARTBEAT_INTERVAL)
+
+    async def _write_events(self) -> None:
+        """This tick's timeline events (leases, pulls): one call, in a thread; lost if
+        Redis is away (the timeline is a view, not a record anything depends on)."""
+        events = self.metrics.drain_events()
+        if events and self.plane is not None:
+            try:
+                await asyncio.get_running_loop().run_in_executor(
+                    None, self.plane.append_events, events)
+            except RtmlSystemError as exc:
+                log.warning("dropped %d timeline events: %s", len(events), exc)
 
     def _heartbeat(self) -> None:
         """Tell the head what is free here (and the total, when bundles changed it)."""
         changes = self.sched.total_changes  # (placement group bundles)
         total = dict(self.sched.total) if changes != self._total_sent else None
         self._total_sent = changes
+        tasks = None
+        if self.metrics.enabled:  # (the answers come before the next heartbeat)
+            tasks = self.metrics.tasks()
+            for worker in self.workers.values():
+                if worker.peer is not None and worker.address:
+                    worker.peer.send(m.CountTasks())
+        self.metrics.heartbeats_sent += 1
         self.head.send(m.NodeHeartbeat(self.node_id, self._available(),
-                                       self.leases.waiting_shapes(), total))
+                                       self.leases.waiting_shapes(), total, tasks))
 
     def _available(self) -> dict[str, float]:
         """What is free here: the scheduler's resources, the store's free bytes (as Ray,
@@ -298,6 +341,7 @@ class NodeManager(Service):
     def on_disconnect(self, peer: Peer) -> None:
         client: Client = peer.context
         self.clients.discard(peer)
+        self.metrics.client_gone(peer)
         self._run(self.leases.client_gone(peer))
         self.objects.client_gone(client.client_id, client.waiters)
         if client.worker is not None:
@@ -306,6 +350,7 @@ class NodeManager(Service):
     # -- leases ------------------------------------------------------------------------------
 
     def _request_lease(self, peer: Peer, client: Client, msg: m.RequestLease) -> None:
+        self.metrics.lease_asked(peer, msg.req_id)
         self._run(self.leases.request(peer, msg, other_nodes=bool(self.other_nodes)))
 
     def _return_lease(self, peer: Peer, client: Client, msg: m.ReturnLease) -> None:
@@ -313,6 +358,7 @@ class NodeManager(Service):
 
     def _cancel_lease_request(self, peer: Peer, client: Client,
                               msg: m.CancelLeaseRequest) -> None:
+        self.metrics.lease_elsewhere(peer, msg.req_id)
         self._run(self.leases.cancel(peer, msg.req_id))
 
     # -- workers -----------------------------------------------------------------------------
@@ -401,6 +447,26 @@ class NodeManager(Service):
         stats["remote_holds"] = len(self.objects.remote)
         peer.send(m.StoreStatsReply(msg.req_id, stats))
 
+    def _task_counts(self, peer: Peer, client: Client, msg: m.TaskCounts) -> None:
+        if client.worker is not None:
+            self.metrics.task_counts(client.worker.worker_id, msg)
+
+    # -- logs (rtml.logs) ----------------------------------------------------------------------
+
+    def _list_logs(self, peer: Peer, client: Client, msg: m.ListLogs) -> None:
+        known = dict(self.exited)
+        known.update({w.worker_id.hex()[:12]: (w.pid, w.actor_id)
+                      for w in self.workers.values()})
+        files = list_files(str(self.session.logs))
+        for file in files:
+            if file.name.startswith("worker-"):
+                file.pid, file.actor_id = known.get(file.name[7:19], (0, b""))
+        peer.send(m.LogFiles(msg.req_id, files, self.node_id))
+
+    def _read_log(self, peer: Peer, client: Client, msg: m.ReadLog) -> None:
+        peer.send(read(str(self.session.logs), msg.req_id, msg.name, msg.offset,
+                       msg.max_bytes))
+
     _handlers: dict[type, Any] = {
         m.RequestLease: _request_lease, m.ReturnLease: _return_lease,
         m.CancelLeaseRequest: _cancel_lease_request, m.WorkerBlocked: _blocked,
@@ -412,7 +478,8 @@ class NodeManager(Service):
         m.WaitObject: _wait_object, m.CancelTask: _cancel_task, m.StoreStats: _stats,
         m.WorkerOutput: _output, m.ObjectsFreed: _objects_freed,
         m.FenceHolds: _fence_holds, m.LinkFence: _link_fence,
-        m.LocateObject: _locate_object,
+        m.LocateObject: _locate_object, m.TaskCounts: _task_counts,
+        m.ListLogs: _list_logs, m.ReadLog: _read_log,
     }
 
     # -- scheduler commands ------------------------------------------------------------------
@@ -421,6 +488,8 @@ class NodeManager(Service):
         for command in commands:
             if isinstance(command, Grant):
                 worker = self.workers[command.worker_id]
+                self.metrics.lease_granted(command.client, command.req_id, worker,
+                                           self.node_id)
                 remote = command.client.context.node_id
                 address = worker.tcp_address if remote else worker.address
                 command.client.send(m.LeaseGranted(command.req_id, command.lease_id,
@@ -428,6 +497,8 @@ class NodeManager(Service):
                                                    command.gpu_ids))
                 self._run(self.leases.granted(command.client, command.req_id))
             elif isinstance(command, Reply):
+                if isinstance(command.msg, (m.LeaseSpillback, m.LeaseFailed)):
+                    self.metrics.lease_elsewhere(command.client, command.msg.req_id)
                 command.client.send(command.msg)
             elif isinstance(command, ToHead):
                 self.head.send(command.msg)
@@ -441,6 +512,7 @@ class NodeManager(Service):
             elif isinstance(command, StopActor):
                 self._kill_actor(command.actor_id)
             elif isinstance(command, Refused):
+                self.metrics.lease_elsewhere(command.client, command.req_id)
                 command.client.send(m.LeaseFailed(command.req_id, command.reason))
                 self._run(self.leases.granted(command.client, command.req_id))  # (its spill)
 
@@ -464,6 +536,8 @@ class NodeManager(Service):
         worker.kill()
         worker.gone = True
         self.workers.pop(worker.worker_id, None)
+        self.metrics.worker_gone(worker.worker_id)
+        self._remember(worker)
         log.info("worker %s gone: %s", worker.worker_id.hex()[:12], reason)
         self.objects.release_holder(worker.worker_id)
         if worker.actor_id:
@@ -480,6 +554,12 @@ class NodeManager(Service):
                        if not w.actor_id and not w.runtime_env and w.address)
             self._run(self.sched.ensure_pool(live))
 
+    def _remember(self, worker: WorkerProc) -> None:
+        """Keep an exited worker's pid and actor: its log files are still asked for."""
+        self.exited[worker.worker_id.hex()[:12]] = (worker.pid, worker.actor_id)
+        if len(self.exited) > EXITED_KEPT:
+            del self.exited[next(iter(self.exited))]
+
     def _kill_actor(self, actor_id: ActorID) -> None:
         for worker in self.workers.values():
             if worker.actor_id == actor_id:
@@ -494,6 +574,8 @@ class NodeManager(Service):
 
     async def shutdown(self) -> None:
         self.stopped.set()
+        if self.metrics_server is not None:
+            await self.metrics_server.close()
         await self.launcher.stop(list(self.workers.values()))
         self.head.close()
         self.links.close()

@@ -26,6 +26,7 @@ import functools
 import logging
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from rtml.control_plane import ControlPlane, location_field
 from rtml.exceptions import ObjectLostError, RtmlSystemError
 from rtml.ids import NO_CLIENT, NO_NODE, NO_OBJECT, ActorID, ClientID, NodeID, ObjectID
 from rtml.node.links import NodeLinks
+from rtml.node.metrics import NodeMetrics
 from rtml.objectstore import private, segment
 from rtml.objectstore.remote import RemoteHolds
 from rtml.objectstore.store import Delete, NotifyLost, NotifyReady, Restore, Spill, StoreCore
@@ -145,10 +147,12 @@ class ObjectManager:
 
     def __init__(self, node_id: NodeID, store_dir: str, spill_dir: str, capacity: int,
                  token: str, links: NodeLinks, end_actor: Callable[[ActorID], None],
-                 tls_cert: str = "", tls_key: str = "") -> None:
+                 metrics: NodeMetrics | None = None, tls_cert: str = "",
+                 tls_key: str = "") -> None:
         """``tls_cert``/``tls_key``: the node's TLS files (its transfer server shows the
         certificate, and pulls trust each holder's own, as the head lists it)."""
         self.node_id = node_id
+        self.metrics = metrics or NodeMetrics(enabled=False)
         self.tls_files = (tls_cert, tls_key)
         self.end_actor = end_actor  # an actor's life object was freed here: it ends
         self.lives: dict[ObjectID, ActorID] = {}  # life object -> its actor
@@ -543,9 +547,11 @@ class ObjectManager:
             transfer.pull, address, self.token, object_id, path, self.node_id,
             root_cert=self.transfer_certs.get(node_id, b"")))
         self._own(future)
-        future.add_done_callback(lambda f: self._pulled(object_id, node_id, f))
+        started = time.time()
+        future.add_done_callback(lambda f: self._pulled(object_id, node_id, f, started))
 
-    def _pulled(self, object_id: ObjectID, node_id: NodeID, future: asyncio.Future[int]) -> None:
+    def _pulled(self, object_id: ObjectID, node_id: NodeID, future: asyncio.Future[int],
+                started: float) -> None:
         if self.pulls.get(object_id) != node_id:
             if not future.cancelled():
                 future.exception()  # (retrieved: its failure was expected)
@@ -559,12 +565,15 @@ class ObjectManager:
                 self._ask_where(object_id, node_id, owner, asks)
                 return
             log.warning("pulling %s from %s failed: %s", object_id.hex(), node_id.hex(), exc)
+            self.metrics.pull_failures += 1
             self.execute(self.store.fail_waiters(object_id, str(exc)))
             return
         except RtmlSystemError as exc:
             log.warning("pulling %s from %s failed: %s", object_id.hex(), node_id.hex(), exc)
+            self.metrics.pull_failures += 1
             self.execute(self.store.fail_waiters(object_id, str(exc)))
             return
+        self.metrics.pulled(object_id, size, started, self.node_id, node_id)
         self.copy_of[object_id] = node_id
         self.table.copied(object_id)
         self.execute(self.store.seal(object_id, size, COPY))
@@ -661,6 +670,7 @@ class ObjectManager:
             return
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._segment(object_id))
+        self.metrics.spilled_bytes += self.store.size_of(object_id)
         self.table.state_changed(object_id, "SPILLED", object_id not in self.copy_of)
 
     def _restore(self, object_id: ObjectID) -> None:
@@ -673,6 +683,7 @@ class ObjectManager:
             self._remember_lost(object_id, why)  # asked for later: said lost, not awaited
             self.execute(self.store.lost(object_id, why))
             return
+        self.metrics.restored_bytes += self.store.size_of(object_id)
         self.table.state_changed(object_id, "SEALED", object_id not in self.copy_of)
         self.execute(self.store.restored(object_id))
         if self.creating:  # restored, it can be spilled again

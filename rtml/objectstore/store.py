@@ -154,6 +154,11 @@ class StoreCore:
         entry = self._entries.get(object_id)
         return entry.state if entry is not None else None
 
+    def size_of(self, object_id: ObjectID) -> int:
+        """The object's size in bytes (0: not here)."""
+        entry = self._entries.get(object_id)
+        return entry.size if entry is not None else 0
+
     def waiting_on(self, object_id: ObjectID) -> bool:
         """Whether someone waits for the object to appear here."""
         entry = self._entries.get(object_id)

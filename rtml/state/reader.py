@@ -24,9 +24,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rtml.config import STORE_RESOURCE
-from rtml.control_plane import ControlPlane
+from rtml.control_plane import ControlPlane, chrome_trace
 from rtml.ids import TASK_ID_SIZE
-from rtml.state import records, summary, timeline
+from rtml.state import records, summary
 from rtml.state.common import (
     DEFAULT_LIMIT,
     ActorState,
@@ -174,8 +174,9 @@ class StateReader:
                 "actors": dict(Counter(a.state for a in self.actors()))}
 
     def timeline(self) -> list[dict[str, Any]]:
-        """Chrome trace events of the tasks that ran (``rtml.state.timeline``)."""
-        return timeline.trace_events(self.plane.list_tasks(limit=_EVERY))
+        """Chrome trace events of the tasks and actor calls with their phases, leases and
+        object transfers (``rtml.control_plane.chrome_trace``)."""
+        return chrome_trace(self.plane.list_tasks(limit=_EVERY), self.plane.read_events())
 
 
 def _hex_id(text: str, size: int, what: str) -> str:

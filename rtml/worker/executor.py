@@ -116,6 +116,9 @@ class Executor:
         self.pid = os.getpid()  # for every result: getpid is a syscall each time
         self.setup_error = ""  # why this worker's runtime env could not be set up (refuse)
         self.front = 0  # paths its runtime env put first on sys.path: owners' go behind them
+        self.started = 0  # calls begun, and those ended with a value or an error: the node
+        self.finished = 0  # manager's metrics (CountTasks); plain increments, as the hot path
+        self.failed = 0  # allows (a threaded actor's may race: a count, not a ledger)
         signal.signal(signal.SIGUSR1, self._on_cancel_signal)
 
     # -- dispatch ----------------------------------------------------------------------------
@@ -205,18 +208,22 @@ class Executor:
 
     async def _call_async(self, spec: m.TaskSpec, conn: Connection) -> m.TaskResult:
         start = time.time()
+        self.started += 1
+        args_ts = run_end_ts = 0.0
         if spec.task_id in self.cancelled:  # cancelled before it started
             self.cancelled.discard(spec.task_id)
             return self._cancelled(spec, start)
         try:
             context.set_current_task(spec)  # this asyncio task's own context
             method, args, kwargs = self._prepare(spec)
+            args_ts = time.time()
             value = method(*args, **kwargs)
             if spec.num_returns == m.STREAMING:
                 await self._stream_async(spec, value, conn)
                 value = None  # its return: its completion
             elif inspect.isawaitable(value):
                 value = await value
+            run_end_ts = time.time()
             returns = self._returns(spec, value)
         except ActorExit:
             self.exit_actor()
@@ -228,7 +235,7 @@ class Executor:
             returns = self._exception_returns(spec, exc)
         finally:
             self._cancellable.pop(spec.task_id, None)  # too late to cancel from here on
-        return self._result(spec, returns, start)
+        return self._result(spec, returns, start, args_ts, run_end_ts)
 
     def refuse(self, error: str) -> None:
         """This worker's runtime env could not be set up (``error`` says why): every call
@@ -247,14 +254,17 @@ class Executor:
     def execute(self, spec: m.TaskSpec, conn: Connection
                 ) -> m.TaskResult | m.FunctionWanted:
         start = time.time()
+        self.started += 1
         if spec.gpu_ids != self.visible_gpus and self.actor is None:  # an actor keeps its own
             set_visible_gpus(spec.gpu_ids)
             self.visible_gpus = spec.gpu_ids
         if spec.task_id in self.cancelled:
             self.cancelled.discard(spec.task_id)
             return self._cancelled(spec, start)
+        args_ts = run_end_ts = 0.0
         try:
             function, args, kwargs = self._prepare(spec)
+            args_ts = time.time()
             self.current = spec.task_id
             context.set_current_task(spec)
             try:
@@ -265,6 +275,7 @@ class Executor:
             finally:
                 self.current = None
                 context.set_current_task(None)
+            run_end_ts = time.time()
             returns = self._returns(spec, value)
         except TaskCancelledError:
             self.cancelled.discard(spec.task_id)
@@ -272,6 +283,7 @@ class Executor:
         except ActorExit:
             self.exit_actor()
         except _Wanted as wanted:  # it did not run: its owner sends the function, then it
+            self.started -= 1  # (begins again)
             return m.FunctionWanted(spec.task_id, wanted.function_id)
         except _Failed as failed:
             returns = self._error_returns(spec, failed.payload)
@@ -279,7 +291,7 @@ class Executor:
             returns = self._error_returns(spec, _stored_error(exc))
         except Exception as exc:
             returns = self._exception_returns(spec, exc)
-        return self._result(spec, returns, start)
+        return self._result(spec, returns, start, args_ts, run_end_ts)
 
     def _prepare(self, spec: m.TaskSpec) -> tuple[Any, Sequence[Any], Mapping[str, Any]]:
         self.current_job = spec.job_id
@@ -471,8 +483,16 @@ class Executor:
                       for oid in return_ids(spec)])
 
     def _result(self, spec: m.TaskSpec, returns: tuple[m.ReturnObject, ...],
-                start: float) -> m.TaskResult:
-        return m.TaskResult(spec.task_id, returns, start, time.time(), self.pid, self.rt.node_id)
+                start: float, args_ts: float = 0.0, run_end_ts: float = 0.0) -> m.TaskResult:
+        """The task's result, timed: ``start`` (it arrived), ``args_ts`` (its arguments
+        were ready), ``run_end_ts`` (its code returned), and now (its returns are stored):
+        the phases of its timeline (0.0: a phase it did not reach)."""
+        if returns and returns[0].is_error:
+            self.failed += 1
+        else:
+            self.finished += 1
+        return m.TaskResult(spec.task_id, returns, start, time.time(), self.pid, self.rt.node_id,
+                            False, args_ts, run_end_ts)
 
     def _cancelled(self, spec: m.TaskSpec, start: float) -> m.TaskResult:
         error = TaskCancelledError(f"task {spec.name!r} was cancelled")

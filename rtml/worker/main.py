@@ -187,7 +187,8 @@ def _shut(sock: socket.socket) -> None:
 
 
 class NodeOrders:
-    """What the node manager asks of this worker: cancel a running task, become an actor.
+    """What the node manager asks of this worker: cancel a running task, become an actor,
+    count its tasks (answered here, on the I/O thread, while a task runs).
 
     The runtime hands these over as they arrive; the executor is set once the worker is
     built, before the node manager can send either (it sends them only once it has our
@@ -208,6 +209,9 @@ class NodeOrders:
                 executor.rt.owner.cancel_children(msg.task_id)
         elif isinstance(msg, m.BecomeActor):
             server.call_soon(_become_actor, executor, msg)
+        elif isinstance(msg, m.CountTasks):
+            executor.rt.nm.send(m.TaskCounts(executor.started, executor.finished,
+                                             executor.failed))
 
 
 def main(argv: list[str]) -> int:

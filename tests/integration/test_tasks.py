@@ -481,10 +481,18 @@ def test_timeline_has_chrome_trace_events(tmp_path) -> None:
     path = tmp_path / "trace.json"
     events = rtml.timeline(str(path))
     assert isinstance(events, list) and events
-    for event in events:
+    slices = [e for e in events if e["ph"] == "X"]
+    for event in slices:
         assert {"name", "cat", "ph", "ts", "dur", "pid", "tid", "args"} <= set(event)
-        assert event["ph"] == "X"
-    assert any(e["name"] == "traced_add" for e in events)
+    for event in events:  # the rest name the lanes (nodes, workers, owners)
+        assert event["ph"] == "X" or event["name"] in ("process_name", "thread_name")
+    (task,) = [e for e in slices if e["name"] == "traced_add"]
+    phases = {e["name"]: e for e in slices if e["cat"] == "phase" and e["tid"] == task["tid"]
+              and task["ts"] <= e["ts"] <= task["ts"] + task["dur"]}
+    assert {"fetch arguments", "run", "store result"} <= set(phases)
+    assert phases["fetch arguments"]["ts"] == task["ts"]
+    assert phases["run"]["ts"] + phases["run"]["dur"] <= task["ts"] + task["dur"] + 1
+    assert any(e["name"] == "queued: traced_add" for e in slices)
     import json
     assert json.loads(path.read_text()) == events
 

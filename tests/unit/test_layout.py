@@ -22,14 +22,14 @@ ROOT = Path(__file__).resolve().parents[2] / "rtml"
 LAYERS: list[set[str]] = [
     {"ids"},
     {"_native", "config", "exceptions"},
-    {"daemon"},
+    {"daemon", "metrics"},
     {"rpc", "control_plane"},
-    {"scheduler", "objectstore", "session", "state"},
+    {"scheduler", "objectstore", "session", "state", "logs"},
     {"cluster"},
     {"core"},
     {"driver"},
     {"api"},
-    {"util", "dag", "actor", "experimental", "job_config", "job_submission"},
+    {"util", "dag", "actor", "experimental", "job_config", "job_submission", "debug"},
     {"__init__"},
     {"head", "node", "worker", "cli", "launchpad", "testing", "dashboard"},
 ]

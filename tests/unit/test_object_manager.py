@@ -272,7 +272,7 @@ def test_a_located_error_fails_the_waiters_carrying_owner_died(
         _record_pulls(manager, monkeypatch)
         waiter = FakePeer()
         manager.wait(waiter, set(), m.WaitObject(5, X, OWNER, B))
-        manager._pulled(X, B, _not_found(manager))  # so we ask B where X is
+        manager._pulled(X, B, _not_found(manager), 0.0)  # so we ask B where X is
         assert links.sent == [(B, m.LocateObject(1, X, OWNER))]
 
         manager.located(m.ObjectLocated(1, X, b"", "no such object", owner_died))
@@ -290,7 +290,7 @@ def test_a_located_node_is_pulled_from_and_answers_not_asked_for_are_ignored(
         waiter = FakePeer()
         manager.wait(waiter, set(), m.WaitObject(5, X, OWNER, B))
         assert started == [(X, B, ADDRESSES[B])] and manager.pulls == {X: B}
-        manager._pulled(X, B, _not_found(manager))
+        manager._pulled(X, B, _not_found(manager), 0.0)
         assert manager.pulls == {} and manager.asked == {X: (B, OWNER, 1)}
 
         # Y is awaited here (its owner is ours), but we never asked anyone where it is.
@@ -324,14 +324,14 @@ def test_a_pull_that_finds_nothing_asks_the_node_pulled_from_at_most_max_asks_ti
         manager.wait(waiter, set(), m.WaitObject(5, X, OWNER, B))
         source = B
         for ask in range(1, MAX_ASKS + 1):
-            manager._pulled(X, source, _not_found(manager))
+            manager._pulled(X, source, _not_found(manager), 0.0)
             assert links.sent[-1] == (source, m.LocateObject(ask, X, OWNER))
             source = C if source == B else B  # each answer names the other node
             manager.located(m.ObjectLocated(ask, X, source))
             assert started[-1] == (X, source, ADDRESSES[source])
         assert len(links.sent) == MAX_ASKS and waiter.sent == []
 
-        manager._pulled(X, source, _not_found(manager))  # asked enough: the wait fails
+        manager._pulled(X, source, _not_found(manager), 0.0)  # asked enough: the wait fails
         assert len(links.sent) == MAX_ASKS
         assert waiter.sent == [m.ObjectAvailable(5, b"", "the object is not on node b")]
         assert manager.asked == {} and manager.owners == {} and manager.pulls == {}
@@ -347,7 +347,7 @@ def test_a_pull_that_finds_nothing_without_an_owner_fails_at_once(
         _record_pulls(manager, monkeypatch)
         waiter = FakePeer()
         manager.wait(waiter, set(), m.WaitObject(5, X, b"", B))
-        manager._pulled(X, B, _not_found(manager))
+        manager._pulled(X, B, _not_found(manager), 0.0)
         assert links.sent == [] and manager.asked == {}
         assert waiter.sent == [m.ObjectAvailable(5, b"", "the object is not on node b")]
 
@@ -405,7 +405,7 @@ def test_a_parked_locate_is_answered_when_a_pulled_copy_lands_here(
         assert asker.sent == []
         pulled: asyncio.Future[int] = manager.loop.create_future()
         pulled.set_result(10)
-        manager._pulled(X, B, pulled)
+        manager._pulled(X, B, pulled, 0.0)
         assert asker.sent == [m.ObjectLocated(7, X, HERE)]
         manager.client_gone(OWNER, set())  # nothing more to say
         assert asker.sent == [m.ObjectLocated(7, X, HERE)] and manager.locating == {}
@@ -465,7 +465,7 @@ def test_holds_learned_while_asking_where_start_no_second_pull(
         started = _record_pulls(manager, monkeypatch)
         waiter = FakePeer()
         manager.wait(waiter, set(), m.WaitObject(1, X, OWNER, B))
-        manager._pulled(X, B, _not_found(manager))  # not there yet: B is asked where
+        manager._pulled(X, B, _not_found(manager), 0.0)  # not there yet: B is asked where
         assert X in manager.asked and len(started) == 1
         manager.add_holds(m.AddHolds([X], H1, B))  # a borrower's hold naming B, meanwhile
         assert len(started) == 1 and waiter.sent == []  # the answer decides, not this hold

@@ -53,6 +53,7 @@ class RegisterNode(Msg, tag=50):
     rejoin: bool = False  # the head it registered with went away; this one took over
     actors: list[HostedActor] = []  # on rejoin: every actor it runs or is starting
     groups: list[PlacementGroupID] = []  # on rejoin: the placement groups it holds bundles of
+    metrics_address: str = ""  # host:port of its /metrics ("": not served)
 
 
 class NodeTransferReady(Msg, tag=64):
@@ -106,6 +107,7 @@ class NodeHeartbeat(Msg, tag=51):
     available: dict[str, float]
     pending_shapes: list[dict[str, float]] = []
     total: dict[str, float] | None = None  # when it changed (placement group bundles)
+    tasks: dict[str, int] | None = None  # its workers' task counters (while it serves metrics)
 
 
 class RegisterJob(Msg, tag=52):

@@ -11,9 +11,15 @@ and a node manager.
     client --CancelTask-->                          (the node manager kills or interrupts)
     worker --WorkerListening / ActorReady / WorkerOutput--> node manager
     worker <--CancelRunning / BecomeActor-- node manager
+    worker <--CountTasks-- node manager (each heartbeat, only while it serves metrics)
+           --TaskCounts-->
+    client --ListLogs--> <--LogFiles               client --ReadLog--> <--LogChunk
+           (the node's log files, read from an offset: rtml.node.logs)
 """
 
 from __future__ import annotations
+
+import msgspec
 
 from rtml.ids import (
     NO_ACTOR,
@@ -189,12 +195,60 @@ class ActorReady(Msg, tag=43):
     error: str = ""  # the constructor's error, with its traceback
 
 
+class CountTasks(Msg, tag=100):
+    """The node manager asks a worker for its task counters (for its metrics)."""
+
+
+class TaskCounts(Msg, tag=101):
+    """A worker's task counters since it started: calls it began, and those that ended
+    with a value or with an error (began - finished - failed: running)."""
+    started: int
+    finished: int
+    failed: int
+
+
+class LogFile(msgspec.Struct, array_like=True, gc=False):
+    name: str  # a file name in the session's logs directory
+    size: int
+    mtime: float
+    pid: int = 0  # a worker's file: the worker's pid, when its node manager knows it
+    actor_id: bytes = b""  # ... and the actor it ran, if any
+
+
+class ListLogs(Msg, tag=102):
+    req_id: int
+
+
+class LogFiles(Msg, tag=103):
+    req_id: int
+    files: list[LogFile]
+    node_id: bytes = b""
+
+
+class ReadLog(Msg, tag=104):
+    """Read ``name`` (a file of the node's logs directory) from ``offset`` (negative: that
+    many bytes before its end), at most ``max_bytes``."""
+    req_id: int
+    name: str
+    offset: int = 0
+    max_bytes: int = 1 << 20
+
+
+class LogChunk(Msg, tag=105):
+    req_id: int
+    data: bytes = b""
+    offset: int = 0  # where ``data`` starts in the file
+    size: int = 0  # the file's size when read
+    error: str = ""  # why nothing was read (no such file, a name outside the logs)
+
+
 Message = (
     RequestLease | LeaseGranted | LeaseSpillback | LeaseFailed | ReturnLease |
     CancelLeaseRequest | LeaseInfeasible | WorkerBlocked | WorkerUnblocked | CreateObject |
     ObjectCreated | SealObject |
     AddHolds | ReleaseHolds | ReleaseHolder | WaitObject | ObjectAvailable | CancelTask |
     StoreStats | StoreStatsReply | FenceHolds | HoldsFenced | CancelRunning |
-    WorkerListening | WorkerOutput | BecomeActor | ActorReady
+    WorkerListening | WorkerOutput | BecomeActor | ActorReady | CountTasks | TaskCounts |
+    ListLogs | LogFiles | ReadLog | LogChunk
 )
 """Every message of this protocol."""

@@ -32,6 +32,8 @@ class TaskResult(Msg, tag=11):
     worker_pid: int
     node_id: NodeID
     cancelled: bool = False
+    args_ts: float = 0.0  # when its arguments were ready (fetched, deserialized)
+    run_end_ts: float = 0.0  # when its code returned (then its results were stored)
 
 
 class CancelCall(Msg, tag=12):
