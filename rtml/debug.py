@@ -32,6 +32,7 @@ from rtml.control_plane import CALL_ARGS_KEPT
 from rtml.core import current
 from rtml.core.memory_store import StoredError
 from rtml.core.object_ref import ObjectRef
+from rtml.core.runtime import ClientRuntime
 from rtml.core.serialization import from_payload
 from rtml.exceptions import GetTimeoutError, ObjectLostError, OwnerDiedError, ReplayError
 from rtml.rpc import messages as m
@@ -119,7 +120,7 @@ def _task_bytes(task_id: str | bytes | ObjectRef) -> bytes:
                           f"tasks` shows it") from None
 
 
-def _function(rt: Any, spec: m.TaskSpec, name: str) -> Any:
+def _function(rt: ClientRuntime, spec: m.TaskSpec, name: str) -> Any:
     blob = rt.stored_function(spec.function_id)
     if blob is None:
         raise ReplayError(f"the function of task {name!r} ({spec.function_id.hex()}) is not "
@@ -127,7 +128,7 @@ def _function(rt: Any, spec: m.TaskSpec, name: str) -> Any:
     return cloudpickle.loads(blob)
 
 
-def _job_path(rt: Any, job_hex: str) -> None:
+def _job_path(rt: ClientRuntime, job_hex: str) -> None:
     """Put the job's working directory on sys.path (its modules import, as on workers)."""
     for job in rt.plane.list_jobs():
         cwd = job.get("cwd")
@@ -135,7 +136,7 @@ def _job_path(rt: Any, job_hex: str) -> None:
             sys.path.insert(0, cwd)
 
 
-def _argument(rt: Any, index: int, arg: m.TaskArg) -> Any:
+def _argument(rt: ClientRuntime, index: int, arg: m.TaskArg) -> Any:
     if arg.value is not None:
         value = from_payload(arg.value)
     else:
@@ -146,7 +147,7 @@ def _argument(rt: Any, index: int, arg: m.TaskArg) -> Any:
     return value
 
 
-def _stored(rt: Any, index: int, arg: m.TaskArg) -> Any:
+def _stored(rt: ClientRuntime, index: int, arg: m.TaskArg) -> Any:
     """An argument that was in an object store: read from a node holding it now. Nodes
     record where objects are each heartbeat, so one made just now is looked for twice
     that long before it is said to be gone."""
@@ -162,7 +163,7 @@ def _stored(rt: Any, index: int, arg: m.TaskArg) -> Any:
     if not where:
         raise ReplayError(gone)
     try:
-        return rt.read_shared(arg.object_id, arg.owner_id, time.monotonic() + READ_TIMEOUT,
+        return rt.shared.read(arg.object_id, arg.owner_id, time.monotonic() + READ_TIMEOUT,
                               where[0])
     except (GetTimeoutError, ObjectLostError, OwnerDiedError) as exc:
         raise ReplayError(f"{gone} ({exc})") from None

@@ -155,6 +155,8 @@ class NodeState(StateSchema):
     state_message: str | None = _column(filterable=False)
     node_name: str = _column(filterable=True)
     resources_total: dict[str, float] = _column(filterable=False)
+    metrics_address: str = _column(filterable=False)
+    """host:port of its node manager's /metrics ("": not served; rtml's, not Ray's)."""
     start_time_ms: int | None = _column(filterable=False, detail=True)
     end_time_ms: int | None = _column(filterable=False, detail=True)
     """0 while the node is alive (as Ray)."""
@@ -174,7 +176,7 @@ class JobState(StateSchema):
 
     job_id: str = _column(filterable=True)
     submission_id: str | None = _column(filterable=True)
-    """Always None: rtml has no job submission (Ray's is None for driver jobs too)."""
+    """None for a driver's own job, as Ray's (``rtml job submit``'s are listed apart)."""
     entrypoint: str = _column(filterable=False)
     type: str = _column(filterable=True)
     """DRIVER."""

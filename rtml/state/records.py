@@ -206,6 +206,7 @@ def node_state(record: dict[str, Any]) -> NodeState:
         node_id=record["NodeID"], node_ip=ip, state="ALIVE" if alive else "DEAD",
         state_message=None, node_name=ip,  # Ray's default name: the node's ip
         resources_total=dict(record.get("Resources") or {}),
+        metrics_address=str(record.get("metrics_address") or ""),
         start_time_ms=_ms(record.get("start_ts") or record.get("RegisteredAt")),
         end_time_ms=0 if alive else (_ms(record.get("DeathTime")) or 0))
 

@@ -337,14 +337,15 @@ def test_jobs_of_drivers_on_another_node_end_when_they_exit_or_die(two_nodes: Tw
         assert driver.returncode == (0 if how == "exit" else -signal.SIGKILL)
         pids.append(int(pid))
     deadline = time.monotonic() + 10
-    while True:
-        jobs = json.loads(two_nodes.cli("list", "jobs", "--format", "json").stdout)
-        ours = [job for job in jobs if job["pid"] in pids]
-        if len(ours) == 2 and all(job["IsDead"] for job in ours):
+    while True:  # (Ray's columns: a driver's pid in driver_info, as a string)
+        jobs = json.loads(two_nodes.cli("list", "jobs", "--detail", "--format",
+                                        "json").stdout)
+        ours = [job for job in jobs if int(job["driver_info"]["pid"]) in pids]
+        if len(ours) == 2 and all(job["status"] == "SUCCEEDED" for job in ours):
             break
         assert time.monotonic() < deadline, ours
         time.sleep(0.2)
     for job in ours:
-        assert job["status"] == "FINISHED" and job["EndTime"] >= job["StartTime"]
-    running = [job["pid"] for job in jobs if not job["IsDead"]]
+        assert job["end_time"] >= job["start_time"] > 0
+    running = [int(job["driver_info"]["pid"]) for job in jobs if job["status"] == "RUNNING"]
     assert running == [two_nodes.driver.pid]  # the fixture's driver, still connected
