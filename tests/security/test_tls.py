@@ -10,18 +10,22 @@ import json
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 
 from rtml.exceptions import ProtocolError
 from rtml.ids import random_id
 from rtml.rpc import messages as m
+from rtml.rpc.admission import HELLO_TIMEOUT
 from rtml.rpc.client import connect_socket, handshake, make_hello
 from rtml.rpc.framing import FrameDecoder, frame
 from rtml.rpc.tls import client_context, make_certificate, server_tls
+from rtml.worker.main import MAX_PENDING as WORKER_MAX_PENDING
 from tests.integration.test_cli import CLI_TIMEOUT, Head, _env, _free_port, _stop, rtml
 
 DRIVER = """
@@ -60,7 +64,7 @@ class TlsCluster:
 
 
 @pytest.fixture
-def tls_cluster(tmp_path: Path) -> Iterator[TlsCluster]:
+def tls_head(tmp_path: Path) -> Iterator[Head]:
     session_dir = tmp_path / "head"
     started = rtml("start", "--head", "--tls", "--port", str(_free_port()), "--num-cpus", "1",
                    "--session-dir", str(session_dir), cwd=tmp_path)
@@ -68,21 +72,26 @@ def tls_cluster(tmp_path: Path) -> Iterator[TlsCluster]:
         assert started.returncode == 0, started.stderr
         values = dict(line.split("=", 1) for line in started.stdout.splitlines()
                       if line.startswith(("RTML_ADDRESS=", "RTML_TOKEN=")))
-        head = Head(session_dir, tmp_path, values["RTML_ADDRESS"], values["RTML_TOKEN"],
-                    started.stdout)
-        assert "--tls" in started.stdout  # the join hint carries it
-        node_dir = tmp_path / "node"
-        joined = rtml("start", "--address", head.address, "--tls", "--num-cpus", "2",
-                      "--resources", '{"far": 2}', "--session-dir", str(node_dir),
-                      cwd=tmp_path, env=_env(RTML_TOKEN=head.token))
-        try:
-            assert joined.returncode == 0, joined.stderr
-            record = json.loads((node_dir / "session.json").read_text())
-            yield TlsCluster(head, node_dir, record["node_id"])
-        finally:
-            _stop(node_dir, tmp_path)
+        yield Head(session_dir, tmp_path, values["RTML_ADDRESS"], values["RTML_TOKEN"],
+                   started.stdout)
     finally:
         _stop(session_dir, tmp_path)
+
+
+@pytest.fixture
+def tls_cluster(tls_head: Head, tmp_path: Path) -> Iterator[TlsCluster]:
+    head = tls_head
+    assert "--tls" in head.stdout  # the join hint carries it
+    node_dir = tmp_path / "node"
+    joined = rtml("start", "--address", head.address, "--tls", "--num-cpus", "2",
+                  "--resources", '{"far": 2}', "--session-dir", str(node_dir),
+                  cwd=tmp_path, env=_env(RTML_TOKEN=head.token))
+    try:
+        assert joined.returncode == 0, joined.stderr
+        record = json.loads((node_dir / "session.json").read_text())
+        yield TlsCluster(head, node_dir, record["node_id"])
+    finally:
+        _stop(node_dir, tmp_path)
 
 
 def _first_frame(sock: socket.socket) -> m.Msg:
@@ -210,3 +219,52 @@ def test_a_node_must_match_the_heads_tls(tls_cluster, tmp_path) -> None:
                 env=_env(RTML_TOKEN=head.token))
     assert half.returncode != 0 and "both --tls-cert and --tls-key" in half.stderr
     assert not (tmp_path / "plain" / "session.json").exists()
+
+
+def _worker_listener(head: Head) -> tuple[psutil.Process, str]:
+    """A worker of ``head``'s node, and the address of its TCP listener."""
+    record = json.loads((head.session_dir / "session.json").read_text())
+    node = next(p["pid"] for p in record["processes"] if p["name"] == "node")
+    deadline = time.monotonic() + 20.0
+    while time.monotonic() < deadline:
+        for proc in psutil.Process(node).children(recursive=True):
+            for conn in proc.net_connections(kind="tcp"):
+                if conn.status == psutil.CONN_LISTEN:
+                    return proc, f"{conn.laddr.ip}:{conn.laddr.port}"
+        time.sleep(0.1)
+    raise AssertionError("no worker of the head node listens on TCP")
+
+
+def _settles(measure, limit: int, within: float) -> bool:
+    deadline = time.monotonic() + within
+    while measure() > limit and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return measure() <= limit
+
+
+def test_idle_tls_connections_keep_no_owner_out_of_a_worker(tls_head) -> None:
+    # A worker runs each TLS handshake on a thread of its own, at most WORKER_MAX_PENDING
+    # at a time: idle connections must not hold those places against an owner that proves
+    # the token at once (the oldest gives way, as on every other listener), and each ends
+    # at its deadline, a TLS handshake stalled half way included.
+    worker, address = _worker_listener(tls_head)
+    threads, fds = worker.num_threads(), worker.num_fds()
+    idle = [connect_socket(address) for _ in range(3 * WORKER_MAX_PENDING)]
+    stalled = connect_socket(address)
+    try:
+        assert isinstance(_first_frame(stalled), m.Challenge)
+        stalled.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")  # half a Hello
+        for _ in range(3):
+            with connect_socket(address) as plain:
+                sock, reply = handshake(plain, tls_head.token, _hello())
+                assert reply.ok and isinstance(sock, ssl.SSLSocket)
+                sock.close()
+        assert worker.num_threads() <= threads + WORKER_MAX_PENDING + 8
+        stalled.settimeout(HELLO_TIMEOUT + 5.0)
+        assert stalled.recv(4096) == b""  # its handshake was cut at the deadline
+    finally:
+        for sock in (*idle, stalled):
+            sock.close()
+    # the handshakes' threads and descriptors are all given back
+    assert _settles(worker.num_threads, threads, HELLO_TIMEOUT + 5.0), worker.num_threads()
+    assert _settles(worker.num_fds, fds, 5.0), (worker.num_fds(), fds)
