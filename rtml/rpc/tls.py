@@ -41,6 +41,7 @@ class ServerTls:
     context: ssl.SSLContext
     binding: bytes
     cert_pem: bytes
+    """Its certificate, and the CAs the file gave after it (never the key)."""
 
 
 def server_tls(cert_path: str, key_path: str) -> ServerTls:
@@ -57,8 +58,24 @@ def server_tls(cert_path: str, key_path: str) -> ServerTls:
     except ssl.SSLError as exc:
         raise ValueError(f"{cert_path} and {key_path} are not a PEM certificate and its "
                          f"private key: {exc}") from None
-    pem = Path(cert_path).read_bytes()
-    return ServerTls(context, binding_of(ssl.PEM_cert_to_DER_cert(pem.decode())), pem)
+    der, pem = _certificates(cert_path)
+    return ServerTls(context, binding_of(der), pem)
+
+
+def _certificates(cert_path: str) -> tuple[bytes, bytes]:
+    """The certificate TLS shows (DER), and the certificates of the file (PEM, the key
+    left out), read as OpenSSL reads them: text around them, a private key in the same
+    file, and the CAs after the first are allowed."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import Encoding
+
+    try:
+        chain = x509.load_pem_x509_certificates(Path(cert_path).read_bytes())
+    except ValueError as exc:
+        raise ValueError(f"{cert_path} holds no PEM certificate that can be read ({exc}); "
+                         f"pass a PEM certificate to --tls-cert") from None
+    return (chain[0].public_bytes(Encoding.DER),
+            b"".join(cert.public_bytes(Encoding.PEM) for cert in chain))
 
 
 def listener_tls(cert_path: str, key_path: str) -> ServerTls | None:

@@ -6,6 +6,7 @@ listener's certificate; a node cannot join without matching the head's TLS."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import socket
 import ssl
@@ -17,6 +18,15 @@ from pathlib import Path
 
 import psutil
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    NoEncryption,
+    PrivateFormat,
+)
+from cryptography.x509.oid import NameOID
 
 from rtml.exceptions import ProtocolError
 from rtml.ids import random_id
@@ -24,7 +34,7 @@ from rtml.rpc import messages as m
 from rtml.rpc.admission import HELLO_TIMEOUT
 from rtml.rpc.client import connect_socket, handshake, make_hello
 from rtml.rpc.framing import FrameDecoder, frame
-from rtml.rpc.tls import client_context, make_certificate, server_tls
+from rtml.rpc.tls import binding_of, client_context, make_certificate, server_tls
 from rtml.worker.main import MAX_PENDING as WORKER_MAX_PENDING
 from tests.integration.test_cli import CLI_TIMEOUT, Head, _env, _free_port, _stop, rtml
 
@@ -268,3 +278,59 @@ def test_idle_tls_connections_keep_no_owner_out_of_a_worker(tls_head) -> None:
     # the handshakes' threads and descriptors are all given back
     assert _settles(worker.num_threads, threads, HELLO_TIMEOUT + 5.0), worker.num_threads()
     assert _settles(worker.num_fds, fds, 5.0), (worker.num_fds(), fds)
+
+
+def _certificate(name: str, issuer: tuple[x509.Name, ec.EllipticCurvePrivateKey] | None = None,
+                 der_length_of_3: bool = False) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    """A certificate for ``name`` (self-signed, or by ``issuer``); ``der_length_of_3``:
+    one whose DER length is a multiple of 3 (its base64 has no padding to end at)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    issuer_name, issuer_key = issuer or (subject, key)
+    now = datetime.datetime.now(datetime.UTC)
+    while True:
+        cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer_name)
+                .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                .not_valid_before(now - datetime.timedelta(minutes=5))
+                .not_valid_after(now + datetime.timedelta(days=2))
+                .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+                .add_extension(x509.BasicConstraints(ca=issuer is None, path_length=None),
+                               critical=True)
+                .sign(issuer_key, hashes.SHA256()))
+        if not der_length_of_3 or not len(cert.public_bytes(Encoding.DER)) % 3:
+            return cert, key
+
+
+def _pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption())
+
+
+@pytest.mark.parametrize("layout", ["chain", "preamble", "key_first"])
+def test_a_listener_binds_the_certificate_it_shows(tmp_path, layout) -> None:
+    # PEM files as CAs and tools write them (the leaf and its CA; text before the
+    # certificate; the key and the certificate in one file): the listener's binding is
+    # that of the certificate TLS shows, as the connector computes it, and what the head
+    # lists of a node's certificate holds no private key.
+    ca, ca_key = _certificate("rtml-test-ca")
+    leaf, key = _certificate("rtml-node", (ca.subject, ca_key), der_length_of_3=True)
+    leaf_pem, cert_path, key_path = leaf.public_bytes(Encoding.PEM), tmp_path / "c.pem", tmp_path / "k.pem"
+    key_path.write_bytes(_pem(key))
+    cert_path.write_bytes({"chain": leaf_pem + ca.public_bytes(Encoding.PEM),
+                           "preamble": b"Bag Attributes\n    friendlyName: node\n" + leaf_pem,
+                           "key_first": _pem(key) + leaf_pem}[layout])
+    tls = server_tls(str(cert_path), str(cert_path if layout == "key_first" else key_path))
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with tls.context.wrap_socket(conn, server_side=True) as wrapped:
+            wrapped.recv(1)
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    with client_context().wrap_socket(socket.create_connection(listener.getsockname())) as sock:
+        assert binding_of(sock.getpeercert(binary_form=True)) == tls.binding
+        sock.sendall(b"x")
+    server.join(5.0)
+    listener.close()
+    assert b"PRIVATE KEY" not in tls.cert_pem and leaf_pem in tls.cert_pem
