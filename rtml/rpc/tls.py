@@ -31,7 +31,7 @@ from pathlib import Path
 from rtml.exceptions import ProtocolError
 
 CERT_NAME = "rtml-node"
-"""The certificates' subject and only DNS name (gRPC checks a name: it is told this one)."""
+"""The subject and only DNS name of the certificates rtml makes."""
 
 
 @dataclass(frozen=True)
@@ -74,8 +74,29 @@ def _certificates(cert_path: str) -> tuple[bytes, bytes]:
     except ValueError as exc:
         raise ValueError(f"{cert_path} holds no PEM certificate that can be read ({exc}); "
                          f"pass a PEM certificate to --tls-cert") from None
-    return (chain[0].public_bytes(Encoding.DER),
-            b"".join(cert.public_bytes(Encoding.PEM) for cert in chain))
+    pem = b"".join(cert.public_bytes(Encoding.PEM) for cert in chain)
+    if not cert_name(pem):
+        raise ValueError(f"the certificate in {cert_path} names no host (no DNS name, no "
+                         f"common name), which pulls of objects over TLS check; pass one "
+                         f"that does, or --tls alone to have rtml make one")
+    return chain[0].public_bytes(Encoding.DER), pem
+
+
+def cert_name(pem: bytes) -> str:
+    """The host the first certificate of ``pem`` names (its first DNS name, else its
+    common name; "" if none): gRPC checks the name of the certificate it pins, so a
+    puller tells it the one the holder's certificate has (``--tls-cert`` may name any)."""
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    cert = x509.load_pem_x509_certificate(pem)
+    try:
+        names = cert.extensions.get_extension_for_class(
+            x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    except x509.ExtensionNotFound:
+        names = []
+    names += [str(a.value) for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
+    return names[0] if names else ""
 
 
 def listener_tls(cert_path: str, key_path: str) -> ServerTls | None:
