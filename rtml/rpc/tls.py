@@ -51,6 +51,7 @@ def server_tls(cert_path: str, key_path: str) -> ServerTls:
         if not os.path.isfile(path):
             raise ValueError(f"TLS file {path} does not exist; pass --tls-cert and "
                              f"--tls-key (PEM files), or --tls alone to make them")
+    _check_private(key_path)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
@@ -97,6 +98,19 @@ def cert_name(pem: bytes) -> str:
         names = []
     names += [str(a.value) for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
     return names[0] if names else ""
+
+
+def _check_private(key_path: str) -> None:
+    """Refuse a key that another user may read or write (as ssh refuses one): whoever
+    reads it can end TLS with the listener's own certificate, so the binding checks at
+    both ends, and read and rewrite all that crosses. Raises ValueError naming the fix."""
+    status = os.stat(key_path)
+    if status.st_uid != os.geteuid():
+        raise ValueError(f"TLS key {key_path} belongs to another user (uid "
+                         f"{status.st_uid}); use a copy of your own, mode 0600")
+    if status.st_mode & 0o077:
+        raise ValueError(f"TLS key {key_path} may be read by other users (mode "
+                         f"{status.st_mode & 0o777:04o}): chmod 600 {key_path}")
 
 
 def listener_tls(cert_path: str, key_path: str) -> ServerTls | None:

@@ -11,6 +11,7 @@ import ipaddress
 import json
 import socket
 import ssl
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -88,6 +89,7 @@ def _cert_args(directory: Path, name: str) -> list[str]:
     cert_path, key_path = directory / f"{name}.crt", directory / f"{name}.key"
     cert_path.write_bytes(cert.public_bytes(Encoding.PEM))
     key_path.write_bytes(_pem(key))
+    key_path.chmod(0o600)
     return ["--tls-cert", str(cert_path), "--tls-key", str(key_path)]
 
 
@@ -343,6 +345,8 @@ def test_a_listener_binds_the_certificate_it_shows(tmp_path, layout) -> None:
     cert_path.write_bytes({"chain": leaf_pem + ca.public_bytes(Encoding.PEM),
                            "preamble": b"Bag Attributes\n    friendlyName: node\n" + leaf_pem,
                            "key_first": _pem(key) + leaf_pem}[layout])
+    for path in (cert_path, key_path):
+        path.chmod(0o600)
     tls = server_tls(str(cert_path), str(cert_path if layout == "key_first" else key_path))
     listener = socket.create_server(("127.0.0.1", 0))
 
@@ -374,8 +378,29 @@ def test_a_certificate_that_names_no_host_is_refused_at_start(tmp_path) -> None:
             .sign(key, hashes.SHA256()))
     (tmp_path / "c.pem").write_bytes(cert.public_bytes(Encoding.PEM))
     (tmp_path / "k.pem").write_bytes(_pem(key))
-    started = rtml("start", "--head", "--tls", "--tls-cert", "c.pem", "--tls-key", "k.pem",
-                   "--port", str(_free_port()), "--session-dir", str(tmp_path / "s"),
-                   cwd=tmp_path)
-    assert started.returncode != 0 and "names no host" in started.stderr, started.stderr
-    assert not (tmp_path / "s" / "session.json").exists()
+    (tmp_path / "k.pem").chmod(0o600)
+    started = _start_refused(tmp_path, "--tls-cert", "c.pem", "--tls-key", "k.pem")
+    assert "names no host" in started.stderr, started.stderr
+
+
+def test_a_key_that_others_may_read_is_refused_at_start(tmp_path) -> None:
+    # Whoever reads a listener's key can end TLS with its very certificate (the binding
+    # then checks) and read what crosses: the key must be this user's alone, as ssh asks.
+    args = _cert_args(tmp_path, "node.example.test")
+    key = Path(args[3])
+    key.chmod(0o640)
+    started = _start_refused(tmp_path, *args)
+    assert f"{key} may be read by other users" in started.stderr, started.stderr
+    assert f"chmod 600 {key}" in started.stderr
+
+
+def _start_refused(cwd: Path, *tls_args: str) -> subprocess.CompletedProcess[str]:
+    """``rtml start --head --tls *tls_args``, which must fail (a head that started
+    anyway is stopped)."""
+    session_dir = cwd / "refused"
+    started = rtml("start", "--head", "--tls", *tls_args, "--port", str(_free_port()),
+                   "--session-dir", str(session_dir), cwd=cwd)
+    if (session_dir / "session.json").exists():
+        _stop(session_dir, cwd)
+    assert started.returncode != 0, started.stdout
+    return started
