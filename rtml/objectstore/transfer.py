@@ -87,7 +87,7 @@ from rtml.objectstore.transfer_stream import (
 from rtml.objectstore.transfer_wire import ChunkView, decode_chunk, encode_chunk
 from rtml.rpc.messages import PROTOCOL_VERSION
 from rtml.rpc.protos import transfer_pb2
-from rtml.rpc.tls import CERT_NAME
+from rtml.rpc.tls import cert_name
 
 __all__ = ["CHUNK_BYTES", "STREAM_MIN_BYTES", "TransferServer", "call_metadata",
            "close_channels", "pull"]
@@ -343,7 +343,7 @@ def _methods(address: str, root_cert: bytes) -> _Methods:
             channel = (grpc.insecure_channel(address, options=_OPTIONS) if not root_cert else
                        grpc.secure_channel(address, grpc.ssl_channel_credentials(root_cert),
                                            options=(*_OPTIONS, ("grpc.ssl_target_name_override",
-                                                                CERT_NAME))))
+                                                                cert_name(root_cert)))))
             serialize = transfer_pb2.PullRequest.SerializeToString
             methods = _Methods(
                 channel.unary_stream(f"/{_SERVICE}/Pull", request_serializer=serialize,

@@ -31,7 +31,7 @@ from pathlib import Path
 from rtml.exceptions import ProtocolError
 
 CERT_NAME = "rtml-node"
-"""The certificates' subject and only DNS name (gRPC checks a name: it is told this one)."""
+"""The subject and only DNS name of the certificates rtml makes."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,7 @@ class ServerTls:
     context: ssl.SSLContext
     binding: bytes
     cert_pem: bytes
+    """Its certificate, and the CAs the file gave after it (never the key)."""
 
 
 def server_tls(cert_path: str, key_path: str) -> ServerTls:
@@ -50,6 +51,7 @@ def server_tls(cert_path: str, key_path: str) -> ServerTls:
         if not os.path.isfile(path):
             raise ValueError(f"TLS file {path} does not exist; pass --tls-cert and "
                              f"--tls-key (PEM files), or --tls alone to make them")
+    _check_private(key_path)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
@@ -57,8 +59,58 @@ def server_tls(cert_path: str, key_path: str) -> ServerTls:
     except ssl.SSLError as exc:
         raise ValueError(f"{cert_path} and {key_path} are not a PEM certificate and its "
                          f"private key: {exc}") from None
-    pem = Path(cert_path).read_bytes()
-    return ServerTls(context, binding_of(ssl.PEM_cert_to_DER_cert(pem.decode())), pem)
+    der, pem = _certificates(cert_path)
+    return ServerTls(context, binding_of(der), pem)
+
+
+def _certificates(cert_path: str) -> tuple[bytes, bytes]:
+    """The certificate TLS shows (DER), and the certificates of the file (PEM, the key
+    left out), read as OpenSSL reads them: text around them, a private key in the same
+    file, and the CAs after the first are allowed."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import Encoding
+
+    try:
+        chain = x509.load_pem_x509_certificates(Path(cert_path).read_bytes())
+    except ValueError as exc:
+        raise ValueError(f"{cert_path} holds no PEM certificate that can be read ({exc}); "
+                         f"pass a PEM certificate to --tls-cert") from None
+    pem = b"".join(cert.public_bytes(Encoding.PEM) for cert in chain)
+    if not cert_name(pem):
+        raise ValueError(f"the certificate in {cert_path} names no host (no DNS name, no "
+                         f"common name), which pulls of objects over TLS check; pass one "
+                         f"that does, or --tls alone to have rtml make one")
+    return chain[0].public_bytes(Encoding.DER), pem
+
+
+def cert_name(pem: bytes) -> str:
+    """The host the first certificate of ``pem`` names (its first DNS name, else its
+    common name; "" if none): gRPC checks the name of the certificate it pins, so a
+    puller tells it the one the holder's certificate has (``--tls-cert`` may name any)."""
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    cert = x509.load_pem_x509_certificate(pem)
+    try:
+        names = cert.extensions.get_extension_for_class(
+            x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    except x509.ExtensionNotFound:
+        names = []
+    names += [str(a.value) for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
+    return names[0] if names else ""
+
+
+def _check_private(key_path: str) -> None:
+    """Refuse a key that another user may read or write (as ssh refuses one): whoever
+    reads it can end TLS with the listener's own certificate, so the binding checks at
+    both ends, and read and rewrite all that crosses. Raises ValueError naming the fix."""
+    status = os.stat(key_path)
+    if status.st_uid != os.geteuid():
+        raise ValueError(f"TLS key {key_path} belongs to another user (uid "
+                         f"{status.st_uid}); use a copy of your own, mode 0600")
+    if status.st_mode & 0o077:
+        raise ValueError(f"TLS key {key_path} may be read by other users (mode "
+                         f"{status.st_mode & 0o777:04o}): chmod 600 {key_path}")
 
 
 def listener_tls(cert_path: str, key_path: str) -> ServerTls | None:

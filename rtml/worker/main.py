@@ -19,6 +19,7 @@ import contextlib
 import logging
 import os
 import socket
+import ssl
 import sys
 import threading
 from pathlib import Path
@@ -65,7 +66,7 @@ class TaskServer:
         self.reactor = reactor
         self.tls = tls
         self.pending: Admissions[Connection] = Admissions(MAX_PENDING, MAX_PENDING)
-        self.tls_pending = threading.BoundedSemaphore(MAX_PENDING)
+        self.tls_pending: Admissions[_TlsHandshake] = Admissions(MAX_PENDING, MAX_PENDING)
         self.refusals = RefusalLog(log, "this worker")
 
     def accept(self, sock: socket.socket) -> None:
@@ -95,39 +96,35 @@ class TaskServer:
 
     def _accept_tls(self, sock: socket.socket, tls: ServerTls) -> None:
         """A TCP connection to a worker of a TLS cluster: its handshake (Challenge, TLS,
-        Hello) runs blocking on a thread of its own, at most MAX_PENDING at a time, each
-        cut off at HELLO_TIMEOUT; the proven socket comes back to the I/O thread."""
-        if not self.tls_pending.acquire(blocking=False):
-            self.refusals.refused("too many connections still proving the token")
-            sock.close()
-            return
-        holder = [sock]  # the socket the handshake is on (TLS wraps it)
-        done = threading.Event()
-
-        def cut() -> None:  # a handshake still blocked at its deadline ends there
-            if not done.is_set():
-                _shut(holder[0])
-
-        self.rt.reactor.call_later(HELLO_TIMEOUT, cut)
-        threading.Thread(target=self._tls_handshake, args=(holder, done, tls), daemon=True,
+        Hello) runs blocking on a thread of its own, cut off at HELLO_TIMEOUT; at most
+        MAX_PENDING at a time: a new one cuts the oldest off (``rtml.rpc.admission``:
+        idle connections cannot keep an owner out). The proven socket comes back to the
+        I/O thread."""
+        pending = _TlsHandshake(sock)
+        displaced = self.tls_pending.arrive(pending, "")
+        if displaced is not None:
+            displaced.cut()
+            self.refusals.refused("closed the oldest connection still proving the token")
+        self.rt.reactor.call_later(HELLO_TIMEOUT, pending.cut)
+        threading.Thread(target=self._tls_handshake, args=(pending, tls), daemon=True,
                          name="rtml-tls-accept").start()
 
-    def _tls_handshake(self, holder: list[socket.socket], done: threading.Event,
-                       tls: ServerTls) -> None:
+    def _tls_handshake(self, pending: _TlsHandshake, tls: ServerTls) -> None:
         sent = challenge(tls=True)
         try:
-            holder[0].settimeout(HELLO_TIMEOUT)
-            holder[0].sendall(frame(m.encode(sent)))
-            holder[0] = tls.context.wrap_socket(holder[0], server_side=True)
-            msg = _first_frame(holder[0], FrameDecoder(max_frame=HELLO_MAX_FRAME))
+            pending.sock.settimeout(HELLO_TIMEOUT)
+            pending.sock.sendall(frame(m.encode(sent)))
+            sock = pending.wrap(tls.context)
+            sock.do_handshake()
+            msg = _first_frame(sock, FrameDecoder(max_frame=HELLO_MAX_FRAME))
         except (OSError, ProtocolError, msgspec.DecodeError, ValueError) as exc:
             self.refusals.refused(f"TLS handshake failed: {exc}")
-            holder[0].close()
+            pending.sock.close()
             return
         finally:
-            done.set()
-            self.tls_pending.release()
-        self.rt.reactor.call_soon(self._admit, holder[0], msg, sent, tls.binding, b"")
+            pending.done = True
+            self.tls_pending.leave(pending)
+        self.rt.reactor.call_soon(self._admit, sock, msg, sent, tls.binding, b"")
 
     def _on_first(self, conn: Connection, msg: Any, sent: m.Challenge) -> None:
         self.pending.leave(conn)
@@ -181,9 +178,29 @@ def _first_frame(sock: socket.socket, decoder: FrameDecoder) -> Any:
             return m.decode(frames[0])
 
 
-def _shut(sock: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_RDWR)
+class _TlsHandshake:
+    """A TLS handshake on a thread of its own, and the socket it blocks on: another
+    thread cuts it off (its deadline, or a newer connection displacing it) by shutting
+    that socket down, which wakes the blocked call at once."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.done = False
+        self._lock = threading.Lock()  # the socket changes (TLS wraps it) under it
+
+    def wrap(self, context: ssl.SSLContext) -> ssl.SSLSocket:
+        """The socket in TLS, its handshake not started (so a cut reaches it)."""
+        with self._lock:
+            wrapped = context.wrap_socket(self.sock, server_side=True,
+                                          do_handshake_on_connect=False)
+            self.sock = wrapped
+            return wrapped
+
+    def cut(self) -> None:
+        with self._lock:
+            if not self.done:  # (the socket-level shutdown: SSLSocket's own drops its
+                with contextlib.suppress(OSError):  # SSL object under the blocked call)
+                    socket.socket.shutdown(self.sock, socket.SHUT_RDWR)
 
 
 class NodeOrders:
