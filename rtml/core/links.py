@@ -239,17 +239,9 @@ class ClientLinks:
         if isinstance(conn, Connection) and conn.closed:
             raise self.nm_gone() if conn is self.nm else RtmlSystemError(
                 f"the connection to {conn.name} is closed")
-        done = Flag()
-        box: list[Any] = []
-        req_id = self.next_request_id()
-
-        def reply(msg: Any) -> None:
-            box.append(msg)
-            done.set()
-
-        self._replies[req_id] = reply
-        conn.send(make(req_id))
-        if not self.reactor.wait_serving(done, timeout):
+        answer = Answer()
+        req_id = self.ask(conn, make, answer)
+        if not self.reactor.wait_serving(answer.done, timeout):
             self._replies.pop(req_id, None)
             if isinstance(conn, HeadLink):
                 conn.settled(req_id)
@@ -258,9 +250,9 @@ class ClientLinks:
                     f"it is hung or overloaded (one that died would have been started "
                     f"again); see logs/head.log in the head node's session directory")
             raise GetTimeoutError(f"no reply from {conn.name} within {timeout} s")
-        if isinstance(box[0], RtmlSystemError):
-            raise box[0]
-        return box[0]
+        if isinstance(answer.msg, RtmlSystemError):
+            raise answer.msg
+        return answer.msg
 
     def ask(self, conn: Connection | HeadLink, make: Callable[[int], m.Msg],
             on_reply: Callable[[Any], None]) -> int:
@@ -292,26 +284,20 @@ class ClientLinks:
         task's result, due soon (see Reactor.SPIN). Raises GetTimeoutError."""
         if done.is_set():
             return
-        lend = self._lends_cpu
-        if lend:
-            self.lend_cpu(True)
-        try:
-            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not self.reactor.wait_serving(done, timeout, spin):
-                raise GetTimeoutError(
-                    f"get timed out after waiting for {len(ids)} object(s), e.g. "
-                    f"{ids[0].hex()}; the task may still be running")
-        finally:
-            if lend:
-                self.lend_cpu(False)
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not self.wait_lending(done, timeout, spin):
+            raise GetTimeoutError(
+                f"get timed out after waiting for {len(ids)} object(s), e.g. "
+                f"{ids[0].hex()}; the task may still be running")
 
-    def wait_lending(self, done: Flag, timeout: float | None) -> None:
-        """Wait for ``done`` up to ``timeout`` s (no error), lending a worker's CPU."""
+    def wait_lending(self, done: Flag, timeout: float | None, spin: bool = False) -> bool:
+        """Wait for ``done`` up to ``timeout`` s, lending a worker's CPU meanwhile; False
+        if it timed out."""
         lend = self._lends_cpu
         if lend:
             self.lend_cpu(True)
         try:
-            self.reactor.wait_serving(done, timeout)
+            return self.reactor.wait_serving(done, timeout, spin)
         finally:
             if lend:
                 self.lend_cpu(False)
@@ -323,6 +309,18 @@ class ClientLinks:
             self._blocked += 1 if blocked else -1
             if self._blocked == (1 if blocked else 0):
                 self.nm.send(m.WorkerBlocked() if blocked else m.WorkerUnblocked())
+
+
+class Answer:
+    """The reply to one request (``ask``'s ``on_reply``): kept, and ``done`` set."""
+
+    def __init__(self) -> None:
+        self.done = Flag()
+        self.msg: Any = None
+
+    def __call__(self, msg: Any) -> None:
+        self.msg = msg
+        self.done.set()
 
 
 def _drop(conn: Connection) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from rtml import objectstore
 from rtml.config import STORE_FULL_TIMEOUT
-from rtml.core.links import ClientLinks
+from rtml.core.links import Answer, ClientLinks
 from rtml.core.serialization import Serialized, deserialize
 from rtml.exceptions import (
     ObjectLostError,
@@ -29,7 +29,6 @@ from rtml.exceptions import (
 )
 from rtml.ids import NO_NODE, ActorID, ClientID, NodeID, ObjectID
 from rtml.rpc import messages as m
-from rtml.rpc.reactor import Flag
 
 
 class SharedObjects:
@@ -44,7 +43,7 @@ class SharedObjects:
 
     def exists(self, object_id: ObjectID) -> bool:
         """Whether a copy of the object is on this node now."""
-        return os.path.exists(objectstore.segment_path(self.links.store_dir, object_id))
+        return os.path.exists(self.path(object_id))
 
     def write(self, object_id: ObjectID, ser: Serialized, holder: bytes) -> int:
         """Write a value into this node's shared-memory store on behalf of ``holder``, and
@@ -56,48 +55,40 @@ class SharedObjects:
         links = self.links
         if links.nm.closed:
             raise links.nm_gone()
-        done = Flag()
-        box: list[m.ObjectCreated | RtmlSystemError] = []
-
-        def answered(msg: m.ObjectCreated | RtmlSystemError) -> None:
-            box.append(msg)
-            done.set()
-
+        answer = Answer()
         req_id = links.ask(links.nm, lambda rid: m.CreateObject(rid, object_id, ser.size),
-                           answered)
+                           answer)
         path = self.path(object_id)
         written = False
         if 2 * ser.size > self._room:
-            self._room_granted(req_id, done, box, path, written)
+            self._room_granted(req_id, answer, path, written)
         try:
             size = objectstore.write_segment(path, ser.inband, ser.buffers)
             written = True
         except FileExistsError:  # an earlier attempt of the same task wrote it
             size = objectstore.existing_size(path)
-        if not box:
-            self._room_granted(req_id, done, box, path, written)
+        if not answer.done.is_set():
+            self._room_granted(req_id, answer, path, written)
         links.nm.send(m.SealObject(object_id, size, holder))
         return size
 
-    def _room_granted(self, req_id: int, done: Flag,
-                      box: list[m.ObjectCreated | RtmlSystemError], path: str,
-                      written: bool) -> None:
+    def _room_granted(self, req_id: int, answer: Answer, path: str, written: bool) -> None:
         """Wait for the answer to a CreateObject; raise its error (removing what was
         written) if the room was not granted."""
         links = self.links
-        if not links.reactor.wait_serving(done, STORE_FULL_TIMEOUT + 30, spin=True):
+        if not links.reactor.wait_serving(answer.done, STORE_FULL_TIMEOUT + 30, spin=True):
             links.forget_reply(req_id)
-            box.append(RtmlSystemError(f"the node manager at {links.config.nm_address} did "
-                                       f"not answer a request for room in its object store"))
-        answer = box[0]
-        if isinstance(answer, m.ObjectCreated) and not answer.error:
-            self._room = answer.free
+            answer.msg = RtmlSystemError(f"the node manager at {links.config.nm_address} did "
+                                         f"not answer a request for room in its object store")
+        reply = answer.msg
+        if isinstance(reply, m.ObjectCreated) and not reply.error:
+            self._room = reply.free
             return
         if written:
             os.unlink(path)
-        if isinstance(answer, RtmlSystemError):
-            raise answer
-        raise (OutOfDiskError if answer.out_of_disk else ObjectStoreFullError)(answer.error)
+        if isinstance(reply, RtmlSystemError):
+            raise reply
+        raise (OutOfDiskError if reply.out_of_disk else ObjectStoreFullError)(reply.error)
 
     def promote(self, object_id: ObjectID, payload: m.Payload, life_of: ActorID,
                 holds_at: NodeID) -> bool:
@@ -133,21 +124,15 @@ class SharedObjects:
         links = self.links
         if links.nm.closed:
             raise links.nm_gone()
-        done = Flag()
-        box: list[m.ObjectAvailable | RtmlSystemError] = []
-
-        def reply(msg: m.ObjectAvailable | RtmlSystemError) -> None:
-            box.append(msg)
-            done.set()
-
+        answer = Answer()
         req_id = links.ask(links.nm, lambda rid: m.WaitObject(rid, object_id, owner, node_id),
-                           reply)
+                           answer)
         try:
-            links.block(done, deadline, [object_id])
+            links.block(answer.done, deadline, [object_id])
         except BaseException:
             links.forget_reply(req_id)
             raise
-        raise_unavailable(object_id, box[0])
+        raise_unavailable(object_id, answer.msg)
 
 
 def raise_unavailable(object_id: ObjectID, answer: m.ObjectAvailable | RtmlSystemError) -> None:

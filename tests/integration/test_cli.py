@@ -83,17 +83,22 @@ class Head:
                                 **kwargs)  # type: ignore[call-overload]
 
 
+def started_head(started: subprocess.CompletedProcess[str], session_dir: Path,
+                 cwd: Path) -> Head:
+    """The head ``rtml start --head`` reported in ``started`` (which must have succeeded)."""
+    assert started.returncode == 0, started.stderr
+    values = dict(line.split("=", 1) for line in started.stdout.splitlines()
+                  if line.startswith(("RTML_ADDRESS=", "RTML_TOKEN=")))
+    return Head(session_dir, cwd, values["RTML_ADDRESS"], values["RTML_TOKEN"], started.stdout)
+
+
 @pytest.fixture
 def head(tmp_path: Path) -> Iterator[Head]:
     session_dir = tmp_path / "head"
     result = rtml("start", "--head", "--port", str(_free_port()), "--num-cpus", "2",
                   "--session-dir", str(session_dir), cwd=tmp_path)
     try:
-        assert result.returncode == 0, result.stderr
-        values = dict(line.split("=", 1) for line in result.stdout.splitlines()
-                      if line.startswith(("RTML_ADDRESS=", "RTML_TOKEN=")))
-        yield Head(session_dir, tmp_path, values["RTML_ADDRESS"], values["RTML_TOKEN"],
-                   result.stdout)
+        yield started_head(result, session_dir, tmp_path)
     finally:
         _stop(session_dir, tmp_path)
 

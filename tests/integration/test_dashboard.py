@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from rtml.dashboard.app import ROUTES
-from tests.integration.test_cli import CLI_TIMEOUT, Head, _free_port, _stop, rtml
+from tests.integration.test_cli import CLI_TIMEOUT, Head, _free_port, _stop, rtml, started_head
 
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "benchmarks" / "dashboard"
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
@@ -113,11 +113,7 @@ def dash(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dash]:
     started = rtml("start", "--head", "--port", str(_free_port()), "--num-cpus", "2",
                    "--dashboard-port", str(port), "--session-dir", str(session_dir), cwd=cwd)
     try:
-        assert started.returncode == 0, started.stderr
-        values = dict(line.split("=", 1) for line in started.stdout.splitlines()
-                      if line.startswith(("RTML_ADDRESS=", "RTML_TOKEN=")))
-        head = Head(session_dir, cwd, values["RTML_ADDRESS"], values["RTML_TOKEN"],
-                    started.stdout)
+        head = started_head(started, session_dir, cwd)
         driver = head.driver(WORKLOAD, stdin=subprocess.PIPE)
         try:
             assert driver.stdout is not None

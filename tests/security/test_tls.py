@@ -38,7 +38,15 @@ from rtml.rpc.client import connect_socket, handshake, make_hello
 from rtml.rpc.framing import FrameDecoder, frame
 from rtml.rpc.tls import binding_of, client_context, make_certificate, server_tls
 from rtml.worker.main import MAX_PENDING as WORKER_MAX_PENDING
-from tests.integration.test_cli import CLI_TIMEOUT, Head, _env, _free_port, _stop, rtml
+from tests.integration.test_cli import (
+    CLI_TIMEOUT,
+    Head,
+    _env,
+    _free_port,
+    _stop,
+    rtml,
+    started_head,
+)
 
 DRIVER = """
 import numpy as np
@@ -100,11 +108,7 @@ def tls_head(tmp_path: Path, cert_names: tuple[str, str]) -> Iterator[Head]:
                    "--port", str(_free_port()), "--num-cpus", "1",
                    "--session-dir", str(session_dir), cwd=tmp_path)
     try:
-        assert started.returncode == 0, started.stderr
-        values = dict(line.split("=", 1) for line in started.stdout.splitlines()
-                      if line.startswith(("RTML_ADDRESS=", "RTML_TOKEN=")))
-        yield Head(session_dir, tmp_path, values["RTML_ADDRESS"], values["RTML_TOKEN"],
-                   started.stdout)
+        yield started_head(started, session_dir, tmp_path)
     finally:
         _stop(session_dir, tmp_path)
 
