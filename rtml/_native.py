@@ -48,6 +48,7 @@ COMPILED = (
     "rtml/core/arguments.py",
     "rtml/core/calls.py",
     "rtml/core/context.py",
+    "rtml/core/kept_calls.py",
     "rtml/core/current.py",
     "rtml/core/links.py",
     "rtml/core/memory_store.py",

@@ -1,8 +1,8 @@
 """Replay a past task in this process, under a debugger: ``rtml.debug.replay(task_id)``
 and ``rtml debug TASK_ID``.
 
-    task id --ControlPlane.task_call--> its record and its call (rtml.control_plane.lineage:
-            the spec as its owner sent it: function id, arguments, options)
+    task id --ControlPlane.task_call--> its record (name, function id, job, attempt) and
+            its call (rtml.core.kept_calls: arguments as the worker got them, options)
         function  <-- the control plane's functions table (checked against its id: a hash)
         arguments <-- inline ones from the record; those in an object store read from the
                       node holding them, while they live (else: which one is gone, and why)
@@ -28,8 +28,8 @@ import cloudpickle
 import msgspec
 
 from rtml.config import HEARTBEAT_INTERVAL
-from rtml.control_plane import CALL_ARGS_KEPT
 from rtml.core import current
+from rtml.core.kept_calls import CALL_ARGS_KEPT, KeptCall
 from rtml.core.memory_store import StoredError
 from rtml.core.object_ref import ObjectRef
 from rtml.core.runtime import ClientRuntime
@@ -88,24 +88,24 @@ def load(task_id: str | bytes | ObjectRef) -> Call:
         raise ReplayError(f"task {name!r} ({task_bytes.hex()}) has no recorded call: it has "
                           f"not run (status {record.get('status')}), so there is nothing to "
                           f"replay yet")
-    if "actor_id" in call:
+    if isinstance(call, bytes):  # an actor call: its actor's id
         raise ReplayError(f"{name!r} is a call of an actor's method: replaying actor calls "
                           f"is not supported (it needs the actor's state at that moment, "
                           f"which no record keeps); replay the tasks it calls instead")
-    spec = msgspec.convert(call["spec"], m.TaskSpec)
-    if call.get("args_dropped"):
-        raise ReplayError(f"task {name!r} was passed {call['args_dropped']} bytes of inline "
-                          f"arguments, over the {CALL_ARGS_KEPT} bytes a task record keeps; "
-                          f"pass large values with rtml.put (their refs are kept) to replay "
-                          f"such a task")
+    kept = msgspec.convert(call, KeptCall)
+    if isinstance(kept.args, int):
+        raise ReplayError(f"task {name!r} was passed {kept.args} bytes of inline arguments, "
+                          f"over the {CALL_ARGS_KEPT} bytes a task record keeps; pass large "
+                          f"values with rtml.put (their refs are kept) to replay such a task")
     _job_path(rt, str(record.get("job_id") or ""))
-    values = [_argument(rt, i, arg) for i, arg in enumerate(spec.args)]
-    split = len(values) - len(spec.kwarg_names)
-    options = {"num_returns": spec.num_returns, "resources": spec.resources or {"CPU": 1.0},
-               "attempt": spec.attempt}
+    values = [_argument(rt, i, arg) for i, arg in enumerate(kept.args)]
+    split = len(values) - len(kept.kwarg_names)
+    options = {"num_returns": kept.num_returns, "resources": kept.resources or {"CPU": 1.0},
+               "attempt": record.get("attempt", 0)}
     return Call(task_bytes.hex(), name, str(record.get("status")),
-                _function(rt, spec, name), values[:split],
-                dict(zip(spec.kwarg_names, values[split:], strict=True)), options)
+                _function(rt, bytes.fromhex(str(record.get("function_id") or "")), name),
+                values[:split], dict(zip(kept.kwarg_names, values[split:], strict=True)),
+                options)
 
 
 def _task_bytes(task_id: str | bytes | ObjectRef) -> bytes:
@@ -120,10 +120,10 @@ def _task_bytes(task_id: str | bytes | ObjectRef) -> bytes:
                           f"tasks` shows it") from None
 
 
-def _function(rt: ClientRuntime, spec: m.TaskSpec, name: str) -> Any:
-    blob = rt.stored_function(spec.function_id)
+def _function(rt: ClientRuntime, function_id: bytes, name: str) -> Any:
+    blob = rt.stored_function(function_id)
     if blob is None:
-        raise ReplayError(f"the function of task {name!r} ({spec.function_id.hex()}) is not "
+        raise ReplayError(f"the function of task {name!r} ({function_id.hex()}) is not "
                           f"in the control plane (or not a body of that id); is Redis up?")
     return cloudpickle.loads(blob)
 

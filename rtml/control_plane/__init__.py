@@ -5,15 +5,13 @@ RESP client, :mod:`rtml.control_plane.resp`) or spells a key.
 :func:`start_redis` runs the server, :class:`ControlPlane` reads and writes its
 tables, :class:`BatchedWriter` moves task records and events there off the hot
 path, and :class:`Keys` names every key. :func:`chrome_trace` turns its task records and
-events into the timeline; :mod:`~rtml.control_plane.lineage` says what a task record
-keeps of its call (for replay).
+events into the timeline.
 """
 
 from __future__ import annotations
 
 from rtml.control_plane.address import OWN_USER, RedisAddress, own_password, tls_from_text, tls_text
 from rtml.control_plane.keys import Keys
-from rtml.control_plane.lineage import CALL_ARGS_KEPT
 from rtml.control_plane.redis_server import RedisProcess, find_redis_server, start_redis
 from rtml.control_plane.tables import (
     RAN,
@@ -32,7 +30,6 @@ __all__ = [
     "RAN",
     "SUBMITTED",
     "location_field",
-    "CALL_ARGS_KEPT",
     "chrome_trace",
     "BatchedWriter",
     "ControlPlane",

@@ -33,7 +33,6 @@ import msgspec
 
 from rtml.control_plane.address import RedisAddress
 from rtml.control_plane.keys import DEFAULT_NAMESPACE, Keys
-from rtml.control_plane.lineage import kept_call
 from rtml.control_plane.resp import (
     Arg,
     AuthError,
@@ -439,7 +438,6 @@ class ControlPlane:
         record cost ~5: packing the command dominated) and to Redis at less.
         """
         if records:
-            _keep_calls(records)
             batch_id = batch_id or time.time_ns().to_bytes(8, "big") + os.urandom(8)
             member = batch_id + len(records).to_bytes(4, "big")  # (see trim_task_records)
             self._client.pipeline([
@@ -488,20 +486,16 @@ class ControlPlane:
         return tasks[-limit:] if limit > 0 else []
 
     @_redis_errors
-    def task_call(self, task_id: bytes) -> tuple[dict[str, Any], dict[str, Any] | None]:
-        """The task's record (JSON-friendly) and its call (``lineage``) as
-        ``{"spec": the spec as a list, bytes as bytes, "args_dropped": bytes}`` (an actor
-        call's: ``{"actor_id": bytes}``), or None for a task whose call is not recorded
-        (it has not run). Raises KeyError if no such task is recorded."""
+    def task_call(self, task_id: bytes) -> tuple[dict[str, Any], Any]:
+        """The task's record (JSON-friendly) and its call as written
+        (``rtml.core.kept_calls``: a list, bytes as bytes; an actor call's actor id), or
+        None for a task whose call is not recorded (it has not run). Raises KeyError if no
+        such task is recorded."""
         record = self._merged_tasks().get(task_id)
         if record is None or "name" not in record:
             raise KeyError(task_id.hex())
         call = record.pop("call", None)
-        if isinstance(call, bytes):
-            call = {"actor_id": call}
-        elif isinstance(call, list):
-            call = {"spec": call, "args_dropped": 0}
-        return to_jsonable(record), call if isinstance(call, dict) else None
+        return to_jsonable(record), call
 
     def _merged_tasks(self) -> dict[bytes, dict[str, Any]]:
         """Each task's records merged into one, by task id: a final status kept over a
@@ -728,20 +722,6 @@ def _expand(stored: Any) -> dict[str, Any] | None:
         if 1 < len(stored) <= len(fields) + 1:
             return {**implied, **dict(zip(fields, stored[1:], strict=False))}
     return None
-
-
-_RAN_WITH_CALL = len(_COMPACT[RAN][0]) + 1
-
-
-def _keep_calls(records: list[TaskRecordData]) -> None:
-    """Replace, in place, the spec of each RAN record by the call kept of it (``lineage``;
-    idempotent: a batch written again is the same)."""
-    for i, record in enumerate(records):
-        if (type(record) is tuple and len(record) == _RAN_WITH_CALL
-                and type(record[-1]) is not bytes and record[-1].args):
-            call = kept_call(record[-1])
-            if call is not record[-1]:
-                records[i] = (*record[:-1], call)
 
 
 def _matches(record: dict[str, Any], filters: dict[str, str] | None) -> bool:

@@ -5,13 +5,14 @@ Its face: ``runtime`` (``ClientRuntime``, ``ClientConfig``), ``current`` (the pr
 runtime), ``object_ref``, ``remote_function``, ``actors`` (classes, handles), ``dag``
 (lazy graphs of their calls), ``options``, ``runtime_env`` (runtime environments:
 checked, packaged, uploaded), ``context`` (the running task), ``serialization`` and
-``memory_store`` (the owner's values). ``links``, ``shared_objects``, ``tasks``,
+``memory_store`` (the owner's values), ``kept_calls`` (what the task table keeps of a
+call, for replay). ``links``, ``shared_objects``, ``tasks``,
 ``submitter``, ``owner``, ``references``, ``actor_caller``, ``calls`` and ``arguments``
 are the runtime's private parts.
 """
 
 __all__ = [
-    "actors", "context", "current", "dag", "generators", "job_config", "memory_store", "object_ref", "options",
+    "actors", "context", "current", "dag", "generators", "job_config", "kept_calls", "memory_store", "object_ref", "options",
     "placement_groups", "progress", "remote_function", "runtime", "runtime_context",
     "runtime_env", "serialization",
 ]

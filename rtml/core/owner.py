@@ -30,6 +30,7 @@ from typing import Any
 from rtml.control_plane import RAN, SUBMITTED, BatchedWriter
 from rtml.core.actor_caller import ActorCaller, ActorLives
 from rtml.core.generators import DynamicObjectRefGenerator
+from rtml.core.kept_calls import kept_call
 from rtml.core.links import ClientLinks
 from rtml.core.memory_store import IN_STORE, Entry, MemoryStore, StoredError
 from rtml.core.object_ref import ObjectRef
@@ -590,13 +591,13 @@ class TaskOwner(TaskEvents):
 
 def _lineage(record: TaskRecord, msg: m.TaskResult) -> tuple[Any, ...]:
     """The outcome record of a task that ran (compact: see ``write_task_records``), with
-    its phases and its call (a task's spec, for replay: encoded and capped by the writer's
-    thread; an actor call's actor id, as it cannot be replayed)."""
+    its phases and what replay needs of its call (``kept_calls``; an actor call's actor
+    id, as it cannot be replayed)."""
     spec = record.spec
     return (RAN, spec.task_id, spec.attempt,
             "FAILED" if msg.returns and msg.returns[0].is_error else "FINISHED",
             msg.start_ts, msg.end_ts, msg.worker_pid, msg.node_id, msg.args_ts,
-            msg.run_end_ts, spec.actor_id or spec)
+            msg.run_end_ts, spec.actor_id or kept_call(spec))
 
 
 def _in_store(msg: m.TaskResult) -> bool:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import rtml
-from rtml.control_plane import CALL_ARGS_KEPT
+from rtml.core.kept_calls import CALL_ARGS_KEPT
 from rtml.debug import replay
 from rtml.exceptions import ReplayError
 from tests.integration.test_cli import CLI_TIMEOUT, Head, _env, head  # noqa: F401 - fixture

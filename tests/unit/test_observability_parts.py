@@ -13,8 +13,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from rtml.control_plane import CALL_ARGS_KEPT, chrome_trace
-from rtml.control_plane.lineage import kept_call
+from rtml.control_plane import chrome_trace
+from rtml.core.kept_calls import CALL_ARGS_KEPT, KeptCall, kept_call
 from rtml.logs import MAX_CHUNK, bad_name, list_files, read
 from rtml.metrics import MetricsServer, loopback
 from rtml.node.metrics import NodeMetrics
@@ -68,17 +68,18 @@ def _spec(*args: m.TaskArg) -> m.TaskSpec:
 def test_a_call_keeps_small_inline_arguments_and_store_ones_by_id() -> None:
     small = m.TaskArg(value=m.Payload(b"x" * 100))
     stored = m.TaskArg(object_id=b"o" * 20, node_id=b"n" * 16)
-    call = kept_call(_spec(small, stored))
-    assert call == _spec(small, stored)
-    encoded = msgspec.msgpack.decode(msgspec.msgpack.encode(call))
-    assert msgspec.convert(encoded, m.TaskSpec) == _spec(small, stored)
+    spec = msgspec.structs.replace(_spec(small, stored), kwarg_names=("k",),
+                                   resources={"GPU": 1.0})
+    read = msgspec.convert(msgspec.msgpack.decode(msgspec.msgpack.encode(kept_call(spec))),
+                           KeptCall)
+    assert read == KeptCall([small, stored], ["k"], 1, {"GPU": 1.0})
 
 
-def test_a_call_over_the_cap_keeps_its_function_and_options_only() -> None:
+def test_a_call_over_the_cap_keeps_its_options_and_the_size_dropped() -> None:
     big = m.TaskArg(value=m.Payload(b"x" * CALL_ARGS_KEPT, (b"y",)))
-    call = kept_call(_spec(big))
-    assert call["args_dropped"] == CALL_ARGS_KEPT + 1
-    assert call["spec"].args == () and call["spec"].function_id == b"F" * 20
+    read = msgspec.convert(msgspec.msgpack.decode(msgspec.msgpack.encode(kept_call(_spec(big)))),
+                           KeptCall)
+    assert read == KeptCall(CALL_ARGS_KEPT + 1, [], 1, None)
 
 
 def test_log_names_are_file_names_of_the_logs_directory(tmp_path: Path) -> None:
