@@ -29,7 +29,7 @@ import msgspec
 
 from rtml.config import HEARTBEAT_INTERVAL
 from rtml.core import current
-from rtml.core.kept_calls import CALL_ARGS_KEPT, KeptCall
+from rtml.core.kept_calls import CALL_ARGS_KEPT
 from rtml.core.memory_store import StoredError
 from rtml.core.object_ref import ObjectRef
 from rtml.core.runtime import ClientRuntime
@@ -42,6 +42,15 @@ READ_TIMEOUT = 10.0
 since its location was recorded is awaited that long)."""
 
 __all__ = ["Call", "ReplayError", "load", "replay"]
+
+
+class KeptCall(msgspec.Struct, array_like=True):
+    """A task's call as its outcome record keeps it (``rtml.core.kept_calls``)."""
+
+    args: list[m.TaskArg] | int  # the call's arguments, or the bytes of them dropped
+    kwarg_names: list[str]
+    num_returns: int
+    resources: dict[str, float] | None
 
 
 @dataclass

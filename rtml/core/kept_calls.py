@@ -7,7 +7,7 @@ are in its submission record already.
         (RAN, ..., (bytes of inline args dropped, kwarg_names, ...))  larger
         (RAN, ..., actor id)            an actor call (not replayable: its actor's state
                                         is not kept)
-    --> BatchedWriter --> the task table --> ControlPlane.task_call --> KeptCall (replay)
+    --> BatchedWriter --> the task table --> ControlPlane.task_call --> debug.KeptCall (replay)
 
 Built on the owner's thread as the outcome record is (compiled: a loop over the call's
 arguments and a 4-tuple, tens of nanoseconds), so the writer's thread only encodes it:
@@ -19,8 +19,6 @@ by default), and 8 KiB each bounds it to ~800 MB at worst.
 
 from __future__ import annotations
 
-import msgspec
-
 from rtml.rpc import messages as m
 
 CALL_ARGS_KEPT = 8 * 1024
@@ -28,18 +26,10 @@ CALL_ARGS_KEPT = 8 * 1024
 options only (its replay says why it cannot run)."""
 
 
-class KeptCall(msgspec.Struct, array_like=True):
-    """A kept call as read back from the task table."""
-
-    args: list[m.TaskArg] | int  # the call's arguments, or the bytes of them dropped
-    kwarg_names: list[str]
-    num_returns: int
-    resources: dict[str, float] | None
-
-
 def kept_call(spec: m.TaskSpec) -> tuple[object, ...]:
     """What the outcome record of ``spec``'s task keeps of its call (see the module's
-    diagram): a tuple laid out as ``KeptCall``."""
+    diagram): a tuple laid out as ``rtml.debug.KeptCall``, which reads it back (a struct
+    defined here would be compiled, and mypyc does not keep a msgspec struct's options)."""
     size = 0
     for arg in spec.args:
         value = arg.value

@@ -14,7 +14,8 @@ import msgspec
 import pytest
 
 from rtml.control_plane import chrome_trace
-from rtml.core.kept_calls import CALL_ARGS_KEPT, KeptCall, kept_call
+from rtml.core.kept_calls import CALL_ARGS_KEPT, kept_call
+from rtml.debug import KeptCall
 from rtml.logs import MAX_CHUNK, bad_name, list_files, read
 from rtml.metrics import MetricsServer, loopback
 from rtml.node.metrics import NodeMetrics
