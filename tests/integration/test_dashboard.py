@@ -150,7 +150,8 @@ def dash(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dash]:
     try:
         head = started_head(started, session_dir, cwd)
         joined = rtml("start", "--address", head.address, "--num-cpus", "1",
-                      "--resources", '{"remote": 2}', "--session-dir", str(node_dir),
+                      "--resources", '{"remote": 2}', "--metrics-port", "0",
+                      "--session-dir", str(node_dir),
                       cwd=cwd, env=_env(RTML_TOKEN=head.token))
         assert joined.returncode == 0, joined.stderr
         node_id = json.loads((node_dir / "session.json").read_text())["node_id"]
@@ -512,6 +513,9 @@ def test_every_page_in_a_browser(dash: Dash, browser: Any) -> None:
 
     nodes = _wait_text(browser, "nodes-table", "ALIVE")
     assert "CPU used/total" in nodes and "0 / 2" in nodes  # (an actor holds no CPU alive)
+    (metrics,) = [n["metrics_address"] for n in dash.api("/api/cluster")["nodes"]
+                  if n["metrics_address"]]  # (the second node's)
+    assert f"http://{metrics}/metrics" in nodes
     assert "ALIVE" in _wait_text(browser, "actor-counts", "ALIVE")
     _wait_text(browser, "demand-none", "No pending demand")
     _shot(browser, "cluster")

@@ -218,6 +218,22 @@ def test_head_metrics_see_both_nodes_and_their_tasks(two_nodes: TwoNodes) -> Non
     assert _value(samples, "rtml_spilled_leases_placed_total") >= 1  # "other": the 2nd node
 
 
+def test_status_names_each_metrics_endpoint(two_nodes: TwoNodes) -> None:
+    head = two_nodes.metrics_address(two_nodes.head_dir, "head")
+    served = {json.loads((session / "session.json").read_text())["node_id"]:
+              two_nodes.metrics_address(session, "node_manager")
+              for session in (two_nodes.head_dir, two_nodes.node_dir)}
+    for session in (two_nodes.head_dir, two_nodes.node_dir):  # (read from either node)
+        status = two_nodes.cli("status", session=session)
+        assert status.returncode == 0, status.stderr
+        lines = status.stdout.splitlines()
+        assert f"Metrics (head): http://{head}/metrics" in lines
+        for node_id, address in served.items():
+            at = next(i for i, line in enumerate(lines) if line.startswith(f"  node {node_id}"))
+            assert lines[at + 2] == f"    metrics: http://{address}/metrics", lines[at:at + 3]
+    assert _value(_scrape(head), "rtml_jobs_running") >= 1  # (the address serves)
+
+
 def test_metrics_on_a_node_address_require_the_token(two_nodes: TwoNodes) -> None:
     address = two_nodes.metrics_address(two_nodes.node_dir, "node_manager")
     for header in ("", "Bearer not-the-token", f"Basic {two_nodes.token}"):
@@ -293,7 +309,7 @@ def test_logs_follow_an_actor_as_it_prints(two_nodes: TwoNodes) -> None:
 
 def test_log_reads_stay_inside_the_logs_directory(two_nodes: TwoNodes) -> None:
     from rtml.control_plane import ControlPlane, RedisAddress
-    from rtml.exceptions import RtmlSystemError
+    from rtml.exceptions import LogNotFoundError, RtmlSystemError
     from rtml.logs import MAX_CHUNK, LogReader, LogSource
 
     record = json.loads((two_nodes.head_dir / "session.json").read_text())
@@ -308,7 +324,7 @@ def test_log_reads_stay_inside_the_logs_directory(two_nodes: TwoNodes) -> None:
         source = LogSource(node["NodeID"], node["NodeManagerAddress"], "")
         for name in ("../token", "/etc/passwd", "..", ".", "", "sub/../../token",
                      "planted.log"):
-            with pytest.raises(RtmlSystemError) as refused:
+            with pytest.raises(LogNotFoundError) as refused:
                 reader.read(LogSource(source.node_id, source.address, name), 0)
             assert two_nodes.token not in str(refused.value)
         chunk = reader.read(LogSource(source.node_id, source.address, "big.log"), 0, 1 << 30)

@@ -61,6 +61,7 @@ const views = {
         return r ? `${esc(amount(name, r.used))} / ${esc(amount(name, r.total))} ${bar(r.used, r.total)}` : "-";
       }]),
       ["Last heartbeat", (n) => n.last_heartbeat ? esc(time(n.last_heartbeat * 1000)) : "-"],
+      ["Metrics", (n) => n.metrics_address ? `<code>http://${esc(n.metrics_address)}/metrics</code>` : "-"],
     ], c.nodes);
     const totals = table("totals-table", [["Resource", (r) => esc(r[0])],
       ["Used", (r) => esc(amount(r[0], r[1].used))], ["Total", (r) => esc(amount(r[0], r[1].total))],
