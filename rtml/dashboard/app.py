@@ -9,9 +9,9 @@ the command line prints.
         /api/*                 401 without the token  --> handler --> one reader thread
         /, other pages         redirect to /login          --> StateReader --> Redis
         POST                   403 from another site
-        /api/logs              every alive node's log files    --> LogReader --ListLogs-->
-        /api/logs/{node}/{name}  one of them, from ?offset=;       each node manager
-                               with ?wait=S a follower's read waits       --ReadLog-->
+        /api/logs              each alive node's log files  --> LogReader --ListLogs-->
+        /api/logs/{node}/{name}  one, from ?offset=; with          the node's --ReadLog-->
+                               ?wait=S a follower's read waits     manager (TCP)
                                up to S s for more
 
 The reader's calls block (Redis), so they run on one thread of their own, in turn: the
@@ -37,7 +37,7 @@ from typing import Any
 from aiohttp import web
 
 from rtml.dashboard import auth
-from rtml.exceptions import RtmlSystemError
+from rtml.exceptions import LogNotFoundError, RtmlSystemError
 from rtml.logs import FOLLOW_INTERVAL, LogReader, LogSource, bad_name
 from rtml.state import KINDS, StateReader
 from rtml.state.common import parse_filter
@@ -134,8 +134,14 @@ class Dashboard:
         """``[{node_id, address, files: [{name, size, modified, pid, actor_id}], error}]``
         of each alive node (``?node=``: those whose id starts with it); a node whose
         manager does not answer has no files and says why in ``error``."""
-        nodes = await self.read(self.logs.nodes, request.query.get("node", ""))
-        return _json(await asyncio.gather(*(self._node_files(node) for node in nodes)))
+        node = request.query.get("node", "")
+        try:
+            nodes = await self.read(self.logs.nodes, node)
+        except LogNotFoundError:
+            if node:
+                raise
+            nodes = []  # (none alive: an empty list, not an error)
+        return _json(await asyncio.gather(*(self._node_files(record) for record in nodes)))
 
     async def _node_files(self, node: dict[str, Any]) -> dict[str, Any]:
         listed: dict[str, Any] = {"node_id": node["NodeID"],
