@@ -54,14 +54,14 @@ const views = {
     const names = Object.keys(c.resources);
     const nodes = table("nodes-table", [
       ["Node", (n) => `<code>${esc(n.node_id)}</code>`],
-      ["Address", (n) => esc(n.address)],
+      ["Address", (n) => esc(n.address) + (n.metrics_address ?
+        `<br><small>metrics: http://${esc(n.metrics_address)}/metrics</small>` : "")],
       ["State", (n) => state(n.alive ? "ALIVE" : "DEAD")],
       ...names.map((name) => [name + " used/total", (n) => {
         const r = n.resources[name];
         return r ? `${esc(amount(name, r.used))} / ${esc(amount(name, r.total))} ${bar(r.used, r.total)}` : "-";
       }]),
       ["Last heartbeat", (n) => n.last_heartbeat ? esc(time(n.last_heartbeat * 1000)) : "-"],
-      ["Metrics", (n) => n.metrics_address ? `<code>http://${esc(n.metrics_address)}/metrics</code>` : "-"],
     ], c.nodes);
     const totals = table("totals-table", [["Resource", (r) => esc(r[0])],
       ["Used", (r) => esc(amount(r[0], r[1].used))], ["Total", (r) => esc(amount(r[0], r[1].total))],
