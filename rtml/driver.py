@@ -58,12 +58,12 @@ _sigint_handler: Any = None  # ours, while init() has replaced the default Ctrl-
 _ID = attrgetter("id")  # an ObjectRef's id, at C speed over many refs
 
 
-class InitContext(Mapping[str, str]):
+class InitContext(Mapping[str, Any]):
     """What ``init`` returns: ``address_info`` names the cluster joined, and the context
     reads as that dict (``ctx["node_id"]``, ``ctx["address"]``), as Ray's;
     ``dashboard_url`` ("" if the cluster runs none) also shows in a notebook."""
 
-    def __init__(self, address_info: dict[str, str]) -> None:
+    def __init__(self, address_info: dict[str, Any]) -> None:
         self.address_info = address_info
         self.dashboard_url = address_info.get("dashboard_url", "")
 
@@ -76,7 +76,7 @@ class InitContext(Mapping[str, str]):
         return (f"<b>rtml</b> cluster at {html.escape(self.address_info['address'])}; "
                 f"dashboard: {link}")
 
-    def __getitem__(self, key: str) -> str:
+    def __getitem__(self, key: str) -> Any:
         return self.address_info[key]
 
     def __iter__(self) -> Iterator[str]:
@@ -105,7 +105,7 @@ def init(address: str | None = None, *, num_cpus: float | None = None,
          ignore_reinit_error: bool = False, runtime_env: dict[str, Any] | None = None,
          job_config: JobConfig | None = None,
          include_dashboard: bool | None = None, dashboard_host: str = "127.0.0.1",
-         dashboard_port: int | None = None,
+         dashboard_port: int | None = None, _metrics_export_port: int | None = None,
          _prestart_workers: int = -1, _node_id: str = "",
          _node_timeout_s: float | None = None) -> InitContext:
     """Connect to a cluster, starting an embedded one when no address is given.
@@ -113,6 +113,11 @@ def init(address: str | None = None, *, num_cpus: float | None = None,
     An embedded cluster runs the dashboard (unless ``include_dashboard=False``) on
     ``dashboard_host``:``dashboard_port``; given no port, on 8265 or, when that is
     taken, a free one (a warning names it). The result's ``dashboard_url`` says where.
+
+    ``_metrics_export_port`` (Ray's name; embedded clusters): serve Prometheus metrics
+    at ``http://127.0.0.1:PORT/metrics`` from the node manager (0: a port the kernel
+    picks), and the head service's at the next port, as ``rtml start --metrics-port``
+    does; the result's ``metrics_export_port`` says which (None: not served).
 
     ``runtime_env``: the job's runtime environment (``rtml.core.runtime_env``), under
     every task's and actor's own; checked and packaged before anything starts (raises
@@ -135,6 +140,7 @@ def init(address: str | None = None, *, num_cpus: float | None = None,
         check_namespace(namespace)  # before anything is started
     if _node_timeout_s is not None:
         check_timeout("_node_timeout_s", _node_timeout_s)
+    metrics_port = _check_metrics_port(_metrics_export_port)
     with _init_lock:
         if current.get_runtime() is not None:
             if ignore_reinit_error and _context is not None:
@@ -152,7 +158,7 @@ def init(address: str | None = None, *, num_cpus: float | None = None,
                               float(os.cpu_count() or 1) if num_cpus is None else num_cpus,
                               num_gpus or 0.0, resources or {},
                               object_store_memory or default_object_store_memory(),
-                              prestart_workers=_prestart_workers)
+                              prestart_workers=_prestart_workers, metrics_port=metrics_port)
             dashboard = None if include_dashboard is False else DashboardConfig(
                 dashboard_host, DEFAULT_DASHBOARD_PORT if dashboard_port is None
                 else dashboard_port, any_port=dashboard_port is None)
@@ -161,6 +167,10 @@ def init(address: str | None = None, *, num_cpus: float | None = None,
                                                 dashboard=dashboard)
             head_address, nm_address = _embedded.head_address, _embedded.nm_address
         else:
+            if _metrics_export_port is not None:
+                raise ValueError(f"init(_metrics_export_port=...) serves the metrics of a "
+                                 f"cluster it starts; the cluster at {address} serves them "
+                                 f"if started with `rtml start --metrics-port PORT`")
             session, head_address, nm_address, token = _join_info(address, token, _node_id)
         # As Ray: a job given no namespace gets an anonymous one of its own, where its
         # named actors are found (and no other job's are).
@@ -172,12 +182,27 @@ def init(address: str | None = None, *, num_cpus: float | None = None,
         _defer_ctrl_c(rt)
         url = _embedded.dashboard_url if address is None and _embedded is not None \
             else _dashboard_of(rt.plane)
+        served = _embedded.metrics.get("node_manager", "") \
+            if address is None and _embedded is not None else ""
         _context = InitContext({"address": head_address, "gcs_address": head_address,
                                 "node_id": rt.node_id.hex(),
                                 "node_ip_address": rt.node_ip,
                                 "session_dir": str(session.root),
-                                "dashboard_url": url, "webui_url": url})
+                                "dashboard_url": url, "webui_url": url,
+                                "metrics_export_port":
+                                    int(served.rpartition(":")[2]) if served else None})
         return _context
+
+
+def _check_metrics_port(port: Any) -> int:
+    """``init(_metrics_export_port=...)`` as NodeConfig's ``metrics_port`` (-1: none).
+    Raises ValueError naming what a port is."""
+    if port is None:
+        return -1
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65534:
+        raise ValueError(f"init(_metrics_export_port=...) takes a port number (0 for any "
+                         f"free one; the head serves at the next), got {port!r}")
+    return port
 
 
 def _dashboard_of(plane: ControlPlane) -> str:

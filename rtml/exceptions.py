@@ -184,6 +184,12 @@ class RtmlSystemError(RtmlError):
     """An internal component failed; the message names it and what to do."""
 
 
+class LogNotFoundError(RtmlError, LookupError):
+    """``rtml logs`` or the dashboard asked for a node or a log file that is not there
+    (no alive node with that id, no such file on it); the message says how to list
+    what is. A ``LookupError`` too, so the dashboard answers it with 404."""
+
+
 class ReplayError(RtmlError):
     """``rtml.debug.replay`` / ``rtml debug`` cannot rebuild the task's call; the message
     says why (not recorded, not run yet, an actor call, an argument freed or too large to
@@ -195,10 +201,10 @@ class ProtocolError(RtmlError):
 
 
 __all__ = [
-    "ActorDiedError", "ActorError", "GetTimeoutError", "NodeDiedError", "ObjectLostError",
-    "ObjectStoreFullError", "OutOfDiskError", "OwnerDiedError", "ProtocolError", "ReplayError", "RtmlError",
-    "RtmlSystemError", "RuntimeEnvSetupError", "TaskCancelledError", "TaskError",
-    "WorkerCrashedError",
+    "ActorDiedError", "ActorError", "GetTimeoutError", "LogNotFoundError", "NodeDiedError",
+    "ObjectLostError", "ObjectStoreFullError", "OutOfDiskError", "OwnerDiedError",
+    "ProtocolError", "ReplayError", "RtmlError", "RtmlSystemError", "RuntimeEnvSetupError",
+    "TaskCancelledError", "TaskError", "WorkerCrashedError",
 ]
 
 

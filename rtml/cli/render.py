@@ -14,18 +14,24 @@ _BYTE_RESOURCES = ("memory", STORE_RESOURCE)
 _CELL_MAX = 60  # characters of a cell in a table (ids are 40; errors go in `rtml get`)
 
 
-def status(cluster: dict[str, Any], head_address: str, dashboard_url: str) -> str:
-    """``rtml status``: nodes with their resources used/total, pending demand, counts."""
+def status(cluster: dict[str, Any], head_address: str, dashboard_url: str,
+           head_metrics: str) -> str:
+    """``rtml status``: where to look (the dashboard, each daemon's /metrics), nodes with
+    their resources used/total, pending demand, counts."""
     nodes = cluster["nodes"]
     alive = sum(1 for n in nodes if n["alive"])
     lines = [f"Cluster at {head_address}: {alive} alive node(s), {len(nodes) - alive} dead"]
     if dashboard_url:
         lines.append(f"Dashboard: {dashboard_url}")
+    if head_metrics:
+        lines.append(f"Metrics (head): http://{head_metrics}/metrics")
     for node in nodes:
         state = "alive" if node["alive"] else "dead"
         lines.append(f"  node {node['node_id']}  {state}  {node['address']}")
         if node["alive"]:
             lines.append(f"    used/total: {_use(node['resources'])}")
+            if node["metrics_address"]:
+                lines.append(f"    metrics: http://{node['metrics_address']}/metrics")
     demand = cluster["pending_demand"]
     lines.append("Pending demand:" + ("" if demand else " none"))
     lines += [f"  {d['count']} pending task(s) need {json.dumps(d['shape'], sort_keys=True)}: "

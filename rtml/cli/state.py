@@ -78,7 +78,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     with _reader(args) as (reader, record):
         cluster = reader.cluster()
         url = reader.plane.dashboard_url()
-    print(render.status(cluster, record["head_address"], url))
+        head_metrics = reader.plane.head_metrics_address()
+    print(render.status(cluster, record["head_address"], url, head_metrics))
     return 0
 
 

@@ -27,6 +27,9 @@ Layout, for the default cluster namespace ``rtml``::
     rtml:dashboard              string  the dashboard's URL, written by the dashboard as
                                         it starts (what `rtml status` and joining
                                         drivers show)
+    rtml:head_metrics           string  host:port of the head service's /metrics, written
+                                        by the head as it starts ("": none; `rtml status`
+                                        names it, a node's is in its node hash)
 
 The length prefix in ``named_actor`` keeps ("a:b", "c") and ("a", "b:c") apart.
 """
@@ -61,6 +64,7 @@ class Keys:
         self.events = p + "events"
         self.pending_demand = p + "pending_demand"
         self.dashboard = p + "dashboard"
+        self.head_metrics = p + "head_metrics"
 
     def __repr__(self) -> str:
         return f"Keys({self.namespace!r})"

@@ -676,7 +676,7 @@ class ControlPlane:
                 events.append(event)
         return events
 
-    # -- the dashboard ------------------------------------------------------------
+    # -- the dashboard and the head's metrics ---------------------------------------
 
     @_redis_errors
     def set_dashboard_url(self, url: str) -> None:
@@ -687,6 +687,21 @@ class ControlPlane:
     def dashboard_url(self) -> str:
         """Where the cluster's dashboard listens; "" if it runs none."""
         reply: bytes | None = self._client.execute("GET", self.keys.dashboard)
+        return reply.decode() if reply else ""
+
+    @_redis_errors
+    def set_head_metrics_address(self, address: str) -> None:
+        """Record where the head service serves /metrics ("": it serves none, so an
+        earlier head's address is not shown as if it still served)."""
+        if address:
+            self._client.execute("SET", self.keys.head_metrics, address)
+        else:
+            self._client.execute("DEL", self.keys.head_metrics)
+
+    @_redis_errors
+    def head_metrics_address(self) -> str:
+        """host:port of the head service's /metrics; "" if it serves none."""
+        reply: bytes | None = self._client.execute("GET", self.keys.head_metrics)
         return reply.decode() if reply else ""
 
     # -- helpers ------------------------------------------------------------------

@@ -9,11 +9,16 @@ the command line prints.
         /api/*                 401 without the token  --> handler --> one reader thread
         /, other pages         redirect to /login          --> StateReader --> Redis
         POST                   403 from another site
-        /api/logs/{name}       the session's log files (rtml.dashboard.logs); with
-                               ?wait=S a follower's read waits up to S s for more
+        /api/logs              each alive node's log files  --> LogReader --ListLogs-->
+        /api/logs/{node}/{name}  one, from ?offset=; with          the node's --ReadLog-->
+                               ?wait=S a follower's read waits     manager (TCP)
+                               up to S s for more
 
 The reader's calls block (Redis), so they run on one thread of their own, in turn: the
-event loop only moves bytes, and a slow Redis delays pages, never the server.
+event loop only moves bytes, and a slow Redis delays pages, never the server. Log
+requests (a TCP connection to a node manager each, as ``rtml logs`` makes them) run on
+threads of asyncio's default pool, each node's listing at once, so a node that does not
+answer delays only its own part.
 """
 
 from __future__ import annotations
@@ -31,8 +36,9 @@ from typing import Any
 
 from aiohttp import web
 
-from rtml.dashboard import auth, logs
-from rtml.exceptions import RtmlSystemError
+from rtml.dashboard import auth
+from rtml.exceptions import LogNotFoundError, RtmlSystemError
+from rtml.logs import FOLLOW_INTERVAL, LogReader, LogSource, bad_name
 from rtml.state import KINDS, StateReader
 from rtml.state.common import parse_filter
 
@@ -43,7 +49,8 @@ LIST_LIMIT = 1000
 """Rows a list returns unless ``?limit=`` says otherwise."""
 FOLLOW_WAIT_MAX = 25.0
 """Seconds a log follower's read may wait for more (under proxies' idle timeouts)."""
-_FOLLOW_CHECK = 0.25  # seconds between looks at a followed file's size
+READ_MAX = 256 * 1024
+"""Bytes of a log one answer carries at most (a follower reads on from where it ended)."""
 _HEADERS = {"X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff",
             "Referrer-Policy": "same-origin", "Cache-Control": "no-store",
             "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
@@ -54,12 +61,13 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class Dashboard:
-    """The routes' state: the reader (used from one thread), the token, the logs."""
+    """The routes' state: the state reader (used from one thread), the log reader, the
+    token."""
 
-    def __init__(self, reader: StateReader, token: str, log_dir: Path) -> None:
+    def __init__(self, reader: StateReader, logs: LogReader, token: str) -> None:
         self.reader = reader
+        self.logs = logs
         self.token = token
-        self.log_dir = log_dir
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rtml-dashboard-read")
 
     def close(self) -> None:
@@ -123,20 +131,57 @@ class Dashboard:
         return response
 
     async def log_files(self, request: web.Request) -> web.StreamResponse:
-        return _json(await asyncio.to_thread(logs.list_logs, self.log_dir))
+        """``[{node_id, address, files: [{name, size, modified, pid, actor_id}], error}]``
+        of each alive node (``?node=``: those whose id starts with it); a node whose
+        manager does not answer has no files and says why in ``error``."""
+        node = request.query.get("node", "")
+        try:
+            nodes = await self.read(self.logs.nodes, node)
+        except LogNotFoundError:
+            if node:
+                raise
+            nodes = []  # (none alive: an empty list, not an error)
+        return _json(await asyncio.gather(*(self._node_files(record) for record in nodes)))
+
+    async def _node_files(self, node: dict[str, Any]) -> dict[str, Any]:
+        listed: dict[str, Any] = {"node_id": node["NodeID"],
+                                  "address": node["NodeManagerAddress"], "files": [],
+                                  "error": ""}
+        try:
+            files = await asyncio.to_thread(self.logs.files, node)
+        except RtmlSystemError as exc:
+            listed["error"] = str(exc)
+            return listed
+        listed["files"] = [{"name": f.name, "size": f.size, "modified": f.mtime,
+                            "pid": f.pid, "actor_id": f.actor_id.hex()} for f in files]
+        return listed
 
     async def log_file(self, request: web.Request) -> web.StreamResponse:
-        """A piece of one log from ``?offset=``; with ``?wait=S`` (a follower at the end)
-        the answer waits up to S s for the file to grow."""
+        """A piece of one node's log from ``?offset=`` (negative: from its end); with
+        ``?wait=S`` (a follower at the end) the answer waits up to S s for it to grow."""
         name = request.match_info["name"]
+        wrong = bad_name(name)
+        if wrong:
+            raise ValueError(wrong)
         offset = _int(request.query.get("offset", "-65536"), "offset")
         wait = min(float(_int(request.query.get("wait", "0"), "wait")), FOLLOW_WAIT_MAX)
-        chunk = await asyncio.to_thread(logs.read_log, self.log_dir, name, offset)
+        source = await self._source(request.match_info["node"], name)
+        chunk = await asyncio.to_thread(self.logs.read, source, offset, READ_MAX)
         deadline = time.monotonic() + wait
-        while not chunk.text and time.monotonic() < deadline:
-            await asyncio.sleep(_FOLLOW_CHECK)
-            chunk = await asyncio.to_thread(logs.read_log, self.log_dir, name, chunk.offset)
-        return _json(chunk.asdict())
+        while not chunk.data and time.monotonic() < deadline:
+            await asyncio.sleep(FOLLOW_INTERVAL)
+            chunk = await asyncio.to_thread(self.logs.read, source, chunk.offset, READ_MAX)
+        return _json({"node_id": source.node_id, "name": name, "offset": chunk.offset,
+                      "next_offset": chunk.offset + len(chunk.data), "size": chunk.size,
+                      "text": chunk.data.decode("utf-8", "replace")})
+
+    async def _source(self, node: str, name: str) -> LogSource:
+        """File ``name`` of the one alive node whose id starts with ``node``."""
+        nodes = await self.read(self.logs.nodes, node)
+        if len(nodes) > 1:
+            raise ValueError(f"node id {node!r} is the start of {len(nodes)} nodes' ids: give "
+                             f"more of it (/api/logs lists them)")
+        return LogSource(nodes[0]["NodeID"], nodes[0]["NodeManagerAddress"], name)
 
 
 def _json(value: Any, status: int = 200) -> web.Response:
@@ -188,7 +233,7 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     except LookupError as exc:
         response = _json({"error": str(exc)}, status=404)
     except RtmlSystemError as exc:
-        response = _json({"error": f"the control plane: {exc}"}, status=503)
+        response = _json({"error": str(exc)}, status=503)
     except web.HTTPException as exc:
         exc.headers.update(_HEADERS)
         raise
@@ -219,6 +264,6 @@ ROUTES: list[tuple[str, str, str]] = [
     ("GET", "/api/memory", "memory"),
     ("GET", "/api/timeline", "timeline"),
     ("GET", "/api/logs", "log_files"),
-    ("GET", "/api/logs/{name}", "log_file"),
+    ("GET", "/api/logs/{node}/{name}", "log_file"),
 ]
 """(method, path, Dashboard method) of every route but the static assets'."""

@@ -2,7 +2,7 @@
 
     its launcher (the head supervisor; an embedded driver's DashboardKeeper) binds the
     listening socket (HeadConfig.dashboard_fd) --> main()
-        ControlPlane (Redis, as the head's config says) --> StateReader
+        ControlPlane (Redis, as the head's config says) --> StateReader, LogReader
         aiohttp on that socket (rtml.dashboard.app) --> records its URL in the
         control plane --"ok URL"--> readiness pipe
     SIGTERM / SIGINT --> the server closes, then we exit
@@ -28,6 +28,7 @@ from rtml.config import HeadConfig
 from rtml.control_plane import ControlPlane, RedisAddress, tls_from_text
 from rtml.daemon import ReadyPipe, die_with_launcher, run_daemon, setup_logging
 from rtml.dashboard.app import Dashboard, build_app
+from rtml.logs import LogReader
 from rtml.session import Session
 from rtml.state import StateReader
 
@@ -40,7 +41,7 @@ async def serve(cfg: HeadConfig, ready: ReadyPipe) -> None:
     plane = ControlPlane.at(RedisAddress(cfg.redis_host, cfg.redis_port, cfg.redis_user,
                                          cfg.redis_password, tls_from_text(cfg.redis_tls)),
                             cfg.token)
-    dashboard = Dashboard(StateReader(plane), cfg.token, Session(Path(cfg.session_dir)).logs)
+    dashboard = Dashboard(StateReader(plane), LogReader(plane, cfg.token), cfg.token)
     runner = web.AppRunner(build_app(dashboard), access_log=None, handle_signals=False)
     await runner.setup()
     stopped = asyncio.Event()

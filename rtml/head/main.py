@@ -6,7 +6,8 @@
         HeadService serves node managers and drivers on that socket
         one task group: the liveness watch (nodes silent for node_timeout s die), the
                         submitted jobs' runner (rtml.head.job_runner)
-        /metrics (--metrics-port: rtml.metrics on this loop, rtml.head.metrics' families)
+        /metrics (--metrics-port: rtml.metrics on this loop, rtml.head.metrics' families),
+                 its address recorded in the control plane (what `rtml status` shows)
         --"ok host:port [metrics host:port]"--> readiness pipe
     SIGTERM / SIGINT --> stopped: every node manager is told to shut down, writes finish
 """
@@ -62,6 +63,7 @@ async def serve(cfg: HeadConfig, ready: ReadyPipe) -> None:
         metrics = MetricsServer(head.metrics.serve(parts), cfg.metrics_host or "127.0.0.1",
                                 cfg.metrics_port, cfg.token)
         await metrics.start()
+    head.writes.write(head.plane.set_head_metrics_address, metrics.address if metrics else "")
     ready.report(f"ok {cfg.host}:{port}" + (f" {metrics.address}" if metrics else ""))
     try:
         await run_until_stopped(head.stopped, _watch_liveness(head), _trim_tasks(head),

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rtml.control_plane import ControlPlane
-from rtml.exceptions import ProtocolError, RtmlSystemError
+from rtml.exceptions import LogNotFoundError, ProtocolError, RtmlSystemError
 from rtml.ids import new_client_id
 from rtml.logs.files import MAX_CHUNK
 from rtml.rpc import messages as m
@@ -32,6 +32,8 @@ DAEMON_FILES = {"head": "head.log", "node-manager": "node_manager.log",
                 "node_manager": "node_manager.log", "supervisor": "supervisor.log"}
 """Daemon names ``rtml logs NAME`` takes, and their files."""
 FOLLOW_INTERVAL = 0.5
+"""Seconds between reads of a followed file that has not grown (`rtml logs -f`, the
+dashboard)."""
 REQUEST_TIMEOUT = 10.0
 
 
@@ -53,12 +55,12 @@ class LogReader:
 
     def nodes(self, node: str = "") -> list[dict[str, Any]]:
         """The alive nodes (``node``: those whose id starts with it). Raises
-        RtmlSystemError naming the node when none matches."""
+        LogNotFoundError naming the alive ones when none matches."""
         alive = [n for n in self.plane.list_nodes() if n["Alive"]]
         chosen = [n for n in alive if n["NodeID"].startswith(node.lower())]
         if not chosen:
             ids = ", ".join(n["NodeID"][:12] for n in alive) or "none"
-            raise RtmlSystemError(f"no alive node {'with id ' + node if node else ''} "
+            raise LogNotFoundError(f"no alive node {'with id ' + node if node else ''} "
                                   f"(alive nodes: {ids}); `rtml list nodes` lists them")
         return chosen
 
@@ -70,7 +72,7 @@ class LogReader:
     def locate(self, *, task: str = "", actor: str = "", worker: str = "", pid: int = 0,
                name: str = "", node: str = "") -> list[LogSource]:
         """The files holding what was asked for, on ``node`` (an id prefix) or wherever
-        they are. Raises RtmlSystemError saying what was not found and how to look."""
+        they are. Raises LogNotFoundError saying what was not found and how to look."""
         if task:
             node, pid = self._task_worker(task)
         elif actor:
@@ -85,7 +87,7 @@ class LogReader:
             what = (f"task {task}" if task else f"actor {actor}" if actor else
                     f"worker {worker}" if worker else f"pid {pid}" if pid else repr(name))
             where = f"node {node}" if node else "any alive node"
-            raise RtmlSystemError(f"no log file of {what} on {where}; `rtml logs` lists "
+            raise LogNotFoundError(f"no log file of {what} on {where}; `rtml logs` lists "
                                   f"every node's files")
         return found
 
@@ -108,11 +110,12 @@ class LogReader:
 
     def read(self, source: LogSource, offset: int, max_bytes: int = MAX_CHUNK) -> m.LogChunk:
         """Bytes of the file from ``offset`` (negative: from its end). Raises
-        RtmlSystemError with the node manager's reason when it read nothing."""
+        LogNotFoundError with the node manager's reason when it read nothing (no such
+        file, a name that is not one), RtmlSystemError when it cannot be asked."""
         chunk = self._ask(source.address, m.ReadLog(0, source.name, offset, max_bytes),
                           m.LogChunk)
         if chunk.error:
-            raise RtmlSystemError(f"node {source.node_id[:12]}: {chunk.error}")
+            raise LogNotFoundError(f"node {source.node_id[:12]}: {chunk.error}")
         return chunk
 
     def tail(self, source: LogSource, lines: int) -> tuple[bytes, int]:

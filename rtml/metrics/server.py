@@ -66,8 +66,9 @@ class MetricsServer:
         except OSError as exc:
             await self._runner.cleanup()
             raise RtmlSystemError(f"cannot serve metrics on {self.host}:{self.port} "
-                                  f"({exc.strerror or exc}); pass another --metrics-port, or "
-                                  f"stop what uses it") from None
+                                  f"({exc.strerror or exc}); pass another --metrics-port (an "
+                                  f"embedded init()'s _metrics_export_port), or stop what "
+                                  f"uses it") from None
         self.address = f"{self.host}:{self._runner.addresses[0][1]}"
         log.info("serving metrics at http://%s/metrics%s", self.address,
                  " (token required)" if self._token else "")

@@ -195,7 +195,8 @@ def _hex_id(text: str, size: int, what: str) -> str:
 
 def _node_use(node: dict[str, Any]) -> dict[str, Any]:
     """A node record as ``{node_id, address, alive, resources: {name: {used, total}},
-    object_store: {used, total}, last_heartbeat}``; ``node:<ip>`` markers left out."""
+    object_store: {used, total}, last_heartbeat, metrics_address}``; ``node:<ip>``
+    markers left out."""
     total: dict[str, float] = node.get("Resources") or {}
     available: dict[str, float] = node.get("Available") or total
     resources = {name: {"used": amount - available.get(name, amount), "total": amount}
@@ -203,7 +204,8 @@ def _node_use(node: dict[str, Any]) -> dict[str, Any]:
     store = resources.get(STORE_RESOURCE, {"used": 0.0, "total": 0.0})
     return {"node_id": node["NodeID"], "address": node.get("NodeManagerAddress", ""),
             "alive": bool(node.get("Alive")), "resources": resources, "object_store": store,
-            "last_heartbeat": node.get("LastHeartbeat")}
+            "last_heartbeat": node.get("LastHeartbeat"),
+            "metrics_address": str(node.get("metrics_address") or "")}
 
 
 def _demand(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -161,6 +161,7 @@ def test_start_head_status_driver_and_list(head: Head) -> None:
     assert status.returncode == 0, status.stderr
     assert "1 alive node(s)" in status.stdout
     assert "CPU 0/2" in status.stdout
+    assert "metrics" not in status.stdout.lower()  # (none served without --metrics-port)
 
     driver = head.driver(DRIVER)
     out, err = driver.communicate(timeout=CLI_TIMEOUT)
@@ -228,8 +229,8 @@ def test_join_a_second_node_then_stop_only_it(head: Head) -> None:
         assert out.split() == [record["node_id"], "3"]
     finally:
         _stop(node_dir, head.cwd)
-    status = head.cli("status").stdout
-    assert "1 alive node(s), 1 dead" in status, status
+    after = head.cli("status").stdout
+    assert "1 alive node(s), 1 dead" in after, after
     driver = head.driver(DRIVER)  # the head node still serves
     out, err = driver.communicate(timeout=CLI_TIMEOUT)
     assert driver.returncode == 0, err

@@ -1,9 +1,10 @@
 """The dashboard and the state commands against a real head (``rtml start --head``: Redis,
 the head supervisor, the head service, a node manager and the dashboard as daemons over
-TCP), after a driver ran tasks, an actor, a failed task and a large object: the token on
-every route, cross-site posts refused, loopback by default, what the JSON API and the
-CLI say, and every page in a real headless browser (screenshots in
-benchmarks/dashboard/)."""
+TCP) and a second node (``rtml start --address``: its own node manager, over TCP),
+after a driver ran tasks, an actor and a task on the second node, a failed task and a
+large object: the token on every route, cross-site posts refused, loopback by default,
+what the JSON API and the CLI say, both nodes' logs, and every page in a real headless
+browser (screenshots in benchmarks/dashboard/)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import json
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,18 +23,27 @@ import psutil
 import pytest
 
 from rtml.dashboard.app import ROUTES
-from tests.integration.test_cli import CLI_TIMEOUT, Head, _free_port, _stop, rtml, started_head
+from tests.integration.test_cli import (
+    CLI_TIMEOUT,
+    Head,
+    _env,
+    _free_port,
+    _stop,
+    rtml,
+    started_head,
+)
 
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "benchmarks" / "dashboard"
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 ERROR_TEXT = "the dashboard must show this error"
 BIG_BYTES = 50_000 * 8  # > 100 KiB: it lives in the node's shared memory
+SHOUT_TEXT = "shout-marker printed on the second node"
 
 WORKLOAD = f"""
-import json, sys
+import json, os, sys
 import numpy as np
 import rtml
-rtml.init(address="auto")
+rtml.init(address="auto", log_to_driver=False)  # (stdout: the test's answers)
 
 @rtml.remote
 def square(x):
@@ -42,7 +53,12 @@ def square(x):
 def explode():
     raise ValueError({ERROR_TEXT!r})
 
-@rtml.remote
+@rtml.remote(resources={{"remote": 1}})
+def shout():
+    print({SHOUT_TEXT!r}, flush=True)
+    return os.getpid()
+
+@rtml.remote(resources={{"remote": 1}})
 class Accumulator:
     def __init__(self):
         self.total = 0
@@ -50,6 +66,10 @@ class Accumulator:
     def add(self, x):
         self.total += x
         return self.total
+
+    def say(self, text):
+        print(text, flush=True)
+        return text
 
 acc = Accumulator.options(name="accumulator").remote()
 assert rtml.get([square.remote(i) for i in range(4)]) == [0, 1, 4, 9]
@@ -60,8 +80,13 @@ try:
 except ValueError:
     pass
 big = rtml.put(np.arange(50_000, dtype=np.float64))
-print(json.dumps({{"failed": failed.task_id().hex(), "big": big.hex()}}), flush=True)
-sys.stdin.readline()  # keep the actor and the object alive until the tests are done
+print(json.dumps({{"failed": failed.task_id().hex(), "big": big.hex(),
+                  "actor": acc._actor_id.hex(), "shout_pid": rtml.get(shout.remote())}}),
+      flush=True)
+for line in sys.stdin:  # the actor prints each line (the log tests follow it); "": done
+    if not line.strip():
+        break
+    print(rtml.get(acc.say.remote(line.strip())), flush=True)
 """
 
 
@@ -69,7 +94,17 @@ sys.stdin.readline()  # keep the actor and the object alive until the tests are 
 class Dash:
     head: Head
     url: str
-    ids: dict[str, str]
+    ids: dict[str, Any]
+    node_dir: Path  # the second node's session
+    node_id: str
+    driver: subprocess.Popen[str]
+
+    def say(self, text: str) -> None:
+        """Have the actor on the second node print ``text`` (to its worker's log)."""
+        assert self.driver.stdin is not None and self.driver.stdout is not None
+        self.driver.stdin.write(text + "\n")
+        self.driver.stdin.flush()
+        assert self.driver.stdout.readline().strip() == text
 
     @property
     def host_port(self) -> tuple[str, int]:
@@ -108,21 +143,30 @@ class Dash:
 @pytest.fixture(scope="module")
 def dash(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dash]:
     cwd = tmp_path_factory.mktemp("dashboard")
-    session_dir = cwd / "head"
+    session_dir, node_dir = cwd / "head", cwd / "node"
     port = _free_port()
     started = rtml("start", "--head", "--port", str(_free_port()), "--num-cpus", "2",
                    "--dashboard-port", str(port), "--session-dir", str(session_dir), cwd=cwd)
     try:
         head = started_head(started, session_dir, cwd)
+        joined = rtml("start", "--address", head.address, "--num-cpus", "1",
+                      "--resources", '{"remote": 2}', "--metrics-port", "0",
+                      "--session-dir", str(node_dir),
+                      cwd=cwd, env=_env(RTML_TOKEN=head.token))
+        assert joined.returncode == 0, joined.stderr
+        node_id = json.loads((node_dir / "session.json").read_text())["node_id"]
         driver = head.driver(WORKLOAD, stdin=subprocess.PIPE)
         try:
             assert driver.stdout is not None
             line = driver.stdout.readline()
             assert line, driver.communicate(timeout=CLI_TIMEOUT)[1]
-            yield Dash(head, f"http://127.0.0.1:{port}", json.loads(line))
+            yield Dash(head, f"http://127.0.0.1:{port}", json.loads(line), node_dir, node_id,
+                       driver)
         finally:
             driver.communicate("\n", timeout=CLI_TIMEOUT)
     finally:
+        if (node_dir / "session.json").exists():
+            _stop(node_dir, cwd)
         _stop(session_dir, cwd)
 
 
@@ -176,7 +220,7 @@ def test_a_taken_dashboard_port_is_an_error_naming_the_flag(dash: Dash,
 
 # -- the token --------------------------------------------------------------------------------
 
-SAMPLES = {"kind": "tasks", "id": "00" * 16, "name": "head.log"}
+SAMPLES = {"kind": "tasks", "id": "00" * 16, "node": "00" * 16, "name": "head.log"}
 
 
 def _concrete(path: str) -> str:
@@ -199,7 +243,7 @@ def test_every_route_needs_the_token(dash: Dash, method: str, path: str,
     else:
         assert (status, headers.get("location")) == (302, "/login"), path
     right = dash.request(method, path, {"Authorization": f"Bearer {dash.head.token}"})[0]
-    assert right in (200, 303, 404), (path, right)  # (404: the sample id is nobody's)
+    assert right in (200, 303, 404), (path, right)  # (404: the sample ids are nobody's)
 
 
 def test_the_login_form_and_assets_need_no_token(dash: Dash) -> None:
@@ -264,8 +308,9 @@ def test_list_filters_limit_and_summary(dash: Dash) -> None:
                                        "--filter", "state=FINISHED", "--format", "json").stdout)
     assert sorted(r["name"] for r in squares) == ["square"] * 4
     others = json.loads(dash.head.cli("list", "tasks", "--filter", "name!=square",
+                                      "--filter", "name!=Accumulator.say",
                                       "--format", "json").stdout)
-    assert sorted(r["name"] for r in others) == ["Accumulator.add", "explode"]
+    assert sorted(r["name"] for r in others) == ["Accumulator.add", "explode", "shout"]
     one = json.loads(dash.head.cli("list", "tasks", "--limit", "1", "--format", "json").stdout)
     assert len(one) == 1
     summary = json.loads(dash.head.cli("summary", "tasks", "--format", "json").stdout)
@@ -322,17 +367,86 @@ def test_timeline_in_the_api_as_rtml_timeline_writes_it(dash: Dash) -> None:
     assert status == 200 and "attachment" in headers["content-disposition"]
 
 
-def test_logs_list_read_and_refuse_paths(dash: Dash) -> None:
-    names = {f["name"] for f in dash.api("/api/logs")}
-    assert {"head.log", "node_manager.log", "dashboard.log"} <= names
-    assert any(n.startswith("worker-") for n in names)
-    chunk = dash.api("/api/logs/head.log?offset=0")
-    assert "serving on" in chunk["text"] and chunk["next_offset"] == len(
-        chunk["text"].encode())
-    for name in ("..%2Fsession.json", "token", "..%2F..%2Fetc%2Fpasswd"):
-        status, _, _ = dash.request("GET", f"/api/logs/{name}",
-                                    {"Authorization": f"Bearer {dash.head.token}"})
-        assert status == 404, name
+def _second_node_out_log(dash: Dash, key: str, value: object) -> dict[str, Any]:
+    """The output log (``-out.log``) on the second node of the worker whose ``key`` in
+    the listing is ``value`` (its pid, or the actor it ran)."""
+    (listed,) = dash.api(f"/api/logs?node={dash.node_id}")
+    (found,) = [f for f in listed["files"]
+                if f[key] == value and f["name"].endswith("-out.log")]
+    return found  # type: ignore[no-any-return]
+
+
+def test_logs_of_both_nodes_are_listed_and_read(dash: Dash) -> None:
+    nodes = {n["node_id"]: n for n in dash.api("/api/logs")}
+    assert len(nodes) == 2 and dash.node_id in nodes
+    (head,) = [n for i, n in nodes.items() if i != dash.node_id]
+    second = nodes.pop(dash.node_id)
+    (address,) = [n["address"] for n in dash.api("/api/cluster")["nodes"]
+                  if n["node_id"] == dash.node_id]
+    assert (second["address"], second["error"]) == (address, "")  # (TCP: host:port)
+    assert {"head.log", "node_manager.log", "dashboard.log"} <= {
+        f["name"] for f in head["files"]}
+    names = {f["name"]: f["size"] for f in second["files"]}
+    assert "node_manager.log" in names and "head.log" not in names
+    assert names == {p.name: p.stat().st_size for p in (dash.node_dir / "logs").iterdir()
+                     if p.name in names}
+    shout = _second_node_out_log(dash, "pid", dash.ids["shout_pid"])
+    chunk = dash.api(f"/api/logs/{dash.node_id}/{shout['name']}?offset=0")
+    assert SHOUT_TEXT in chunk["text"] and chunk["node_id"] == dash.node_id
+    assert chunk["offset"] == 0 and chunk["next_offset"] == len(chunk["text"].encode())
+    assert chunk["size"] == chunk["next_offset"]
+    tail = dash.api(f"/api/logs/{dash.node_id[:8]}/{shout['name']}?offset=-10")
+    assert tail["text"] == chunk["text"][-10:] and tail["offset"] == chunk["size"] - 10
+
+
+def test_a_follower_gets_what_the_second_nodes_actor_prints_later(dash: Dash) -> None:
+    dash.say("said before following")
+    log = _second_node_out_log(dash, "actor_id", dash.ids["actor"])
+    path = f"/api/logs/{dash.node_id}/{log['name']}"
+    start = dash.api(f"{path}?offset=0")
+    assert "said before following" in start["text"]
+    at_end = dash.api(f"{path}?offset={start['next_offset']}")  # no wait: at once
+    assert (at_end["text"], at_end["next_offset"]) == ("", start["next_offset"])
+    with ThreadPoolExecutor(1) as pool:
+        began = time.monotonic()
+        waiting = pool.submit(dash.api, f"{path}?offset={start['next_offset']}&wait=20")
+        time.sleep(1.0)
+        assert not waiting.done()  # it waits for the file to grow
+        dash.say("said while followed")
+        chunk = waiting.result(timeout=30)
+    assert chunk["text"] == "said while followed\n"
+    assert chunk["offset"] == start["next_offset"] and time.monotonic() - began < 15
+
+
+def test_bad_log_nodes_and_names_are_refused_with_the_reason(dash: Dash) -> None:
+    def refused(path: str) -> tuple[int, str]:
+        status, headers, body = dash.request(
+            "GET", path, {"Authorization": f"Bearer {dash.head.token}"})
+        assert dash.head.token not in body and "BEGIN" not in body, path
+        if headers.get("content-type", "").startswith("application/json"):
+            return status, json.loads(body)["error"]
+        return status, body
+
+    status, error = refused("/api/logs/feedbeef/node_manager.log")
+    assert status == 404 and "no alive node with id feedbeef" in error
+    assert dash.node_id[:12] in error  # (it names the alive ones)
+    assert refused("/api/logs?node=feedbeef")[0] == 404
+    status, error = refused(f"/api/logs/{dash.node_id}/no-such.log")
+    assert status == 404 and "no log file 'no-such.log'" in error
+    status, error = refused(f"/api/logs/{dash.node_id}/.hidden")
+    assert status == 400 and "not a log file name" in error
+    status, error = refused(f"/api/logs/{dash.node_id}/node_manager.log?offset=end")
+    assert status == 400 and "?offset= takes a whole number" in error
+    planted = dash.node_dir / "logs" / "planted.log"
+    planted.symlink_to(dash.node_dir / "token")
+    try:
+        (listed,) = dash.api(f"/api/logs?node={dash.node_id}")
+        assert "planted.log" not in [f["name"] for f in listed["files"]]
+        assert refused(f"/api/logs/{dash.node_id}/planted.log")[0] == 404
+        for name in ("..%2Ftoken", "..%2F..%2Fsession.json", "%2Fetc%2Fpasswd", "..", "token"):
+            assert refused(f"/api/logs/{dash.node_id}/{name}")[0] in (400, 404), name
+    finally:
+        planted.unlink()
 
 
 # -- every page in a real browser -----------------------------------------------------------
@@ -360,13 +474,16 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 def _wait_text(browser: Any, element_id: str, wanted: str, timeout: float = 20.0) -> str:
-    from selenium.common.exceptions import NoSuchElementException
+    from selenium.common.exceptions import (
+        NoSuchElementException,
+        StaleElementReferenceException,
+    )
     deadline = time.monotonic() + timeout
     text = ""
     while time.monotonic() < deadline:
         try:
             text = browser.find_element("id", element_id).text
-        except NoSuchElementException:
+        except (NoSuchElementException, StaleElementReferenceException):  # (redrawn)
             text = ""
         if wanted in text:
             return text
@@ -396,6 +513,9 @@ def test_every_page_in_a_browser(dash: Dash, browser: Any) -> None:
 
     nodes = _wait_text(browser, "nodes-table", "ALIVE")
     assert "CPU used/total" in nodes and "0 / 2" in nodes  # (an actor holds no CPU alive)
+    (metrics,) = [n["metrics_address"] for n in dash.api("/api/cluster")["nodes"]
+                  if n["metrics_address"]]  # (the second node's)
+    assert f"http://{metrics}/metrics" in nodes
     assert "ALIVE" in _wait_text(browser, "actor-counts", "ALIVE")
     _wait_text(browser, "demand-none", "No pending demand")
     _shot(browser, "cluster")
@@ -438,15 +558,20 @@ def test_every_page_in_a_browser(dash: Dash, browser: Any) -> None:
     _shot(browser, "timeline")
 
     browser.get(dash.url + "/#logs")
-    assert "node_manager.log" in _wait_text(browser, "logs-table", "head.log")
+    second = f"logs-{dash.node_id}"
+    assert "node_manager.log" in _wait_text(browser, second, "node_manager.log")
     _shot(browser, "logs")
-    probe = dash.head.session_dir / "logs" / "probe.log"
-    probe.write_text("first line\n")
-    browser.get(dash.url + "/#log/probe.log")
-    _wait_text(browser, "log-text", "first line")
-    with probe.open("a") as f:
-        f.write("a line written while the page follows\n")
-    _wait_text(browser, "log-text", "a line written while the page follows")
+    from selenium.webdriver.support.ui import Select
+    Select(browser.find_element("id", "log-node")).select_by_value(dash.node_id)
+    _wait_until_gone(browser, "content", "head.log")
+    shout = _second_node_out_log(dash, "pid", dash.ids["shout_pid"])
+    browser.find_element("link text", shout["name"]).click()
+    _wait_text(browser, "log-text", SHOUT_TEXT)
+    actor = _second_node_out_log(dash, "actor_id", dash.ids["actor"])
+    browser.get(f"{dash.url}/#log/{dash.node_id}/{actor['name']}")
+    assert _wait_text(browser, "log-name", actor["name"]) == actor["name"]
+    dash.say("a line printed on the second node while the page follows")
+    _wait_text(browser, "log-text", "a line printed on the second node while the page follows")
     _shot(browser, "log-follow")
 
     browser.get(dash.url + "/#cluster")

@@ -16,6 +16,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -218,6 +219,58 @@ def test_head_metrics_see_both_nodes_and_their_tasks(two_nodes: TwoNodes) -> Non
     assert _value(samples, "rtml_spilled_leases_placed_total") >= 1  # "other": the 2nd node
 
 
+def test_status_names_each_metrics_endpoint(two_nodes: TwoNodes) -> None:
+    head = two_nodes.metrics_address(two_nodes.head_dir, "head")
+    served = {json.loads((session / "session.json").read_text())["node_id"]:
+              two_nodes.metrics_address(session, "node_manager")
+              for session in (two_nodes.head_dir, two_nodes.node_dir)}
+    for session in (two_nodes.head_dir, two_nodes.node_dir):  # (read from either node)
+        status = two_nodes.cli("status", session=session)
+        assert status.returncode == 0, status.stderr
+        lines = status.stdout.splitlines()
+        assert f"Metrics (head): http://{head}/metrics" in lines
+        for node_id, address in served.items():
+            at = next(i for i, line in enumerate(lines) if line.startswith(f"  node {node_id}"))
+            assert lines[at + 2] == f"    metrics: http://{address}/metrics", lines[at:at + 3]
+    assert _value(_scrape(head), "rtml_jobs_running") >= 1  # (the address serves)
+
+
+def test_embedded_init_serves_metrics_where_asked(start_cluster: Any) -> None:
+    from rtml import driver, get, remote  # (``rtml`` here runs the command line)
+    from rtml.core.current import require_runtime
+
+    bad: Any
+    for bad in (-1, 65535, True, "9100"):
+        with pytest.raises(ValueError, match="takes a port number"):
+            driver.init(_metrics_export_port=bad)
+    ctx = start_cluster(num_cpus=1, include_dashboard=False, _metrics_export_port=0)
+    port = ctx["metrics_export_port"]
+    assert isinstance(port, int) and port > 0
+
+    @remote
+    def one() -> int:
+        return 1
+
+    assert get([one.remote() for _ in range(3)]) == [1, 1, 1]
+
+    def check(samples: dict) -> None:  # type: ignore[type-arg]
+        assert _value(samples, "rtml_tasks_total", state="finished") >= 3
+
+    _eventually(lambda: _scrape(f"127.0.0.1:{port}"), check)
+    plane = require_runtime().plane  # (an embedded session has no record for `rtml status`)
+    assert [n["metrics_address"] for n in plane.list_nodes()] == [f"127.0.0.1:{port}"]
+    deadline = time.monotonic() + 10  # (the head records it from its writes thread)
+    while not plane.head_metrics_address() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    head = plane.head_metrics_address()
+    assert head.startswith("127.0.0.1:") and head != f"127.0.0.1:{port}"
+    assert _value(_scrape(head), "rtml_jobs_running") == 1
+    driver.shutdown()
+    with pytest.raises(ValueError, match="rtml start --metrics-port"):
+        driver.init(address="127.0.0.1:1", _metrics_export_port=0)
+    assert not driver.is_initialized()
+
+
 def test_metrics_on_a_node_address_require_the_token(two_nodes: TwoNodes) -> None:
     address = two_nodes.metrics_address(two_nodes.node_dir, "node_manager")
     for header in ("", "Bearer not-the-token", f"Basic {two_nodes.token}"):
@@ -293,7 +346,7 @@ def test_logs_follow_an_actor_as_it_prints(two_nodes: TwoNodes) -> None:
 
 def test_log_reads_stay_inside_the_logs_directory(two_nodes: TwoNodes) -> None:
     from rtml.control_plane import ControlPlane, RedisAddress
-    from rtml.exceptions import RtmlSystemError
+    from rtml.exceptions import LogNotFoundError, RtmlSystemError
     from rtml.logs import MAX_CHUNK, LogReader, LogSource
 
     record = json.loads((two_nodes.head_dir / "session.json").read_text())
@@ -308,7 +361,7 @@ def test_log_reads_stay_inside_the_logs_directory(two_nodes: TwoNodes) -> None:
         source = LogSource(node["NodeID"], node["NodeManagerAddress"], "")
         for name in ("../token", "/etc/passwd", "..", ".", "", "sub/../../token",
                      "planted.log"):
-            with pytest.raises(RtmlSystemError) as refused:
+            with pytest.raises(LogNotFoundError) as refused:
                 reader.read(LogSource(source.node_id, source.address, name), 0)
             assert two_nodes.token not in str(refused.value)
         chunk = reader.read(LogSource(source.node_id, source.address, "big.log"), 0, 1 << 30)

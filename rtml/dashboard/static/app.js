@@ -5,7 +5,7 @@
 const REFRESH_MS = 2000;
 const FOLLOW_WAIT_S = 20;
 let timer = null;
-let followed = null; // the log being followed: {name, offset}
+let followed = null; // the log being followed: {offset}
 
 const esc = (v) => String(v ?? "-").replace(/[&<>"']/g,
   (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"})[c]);
@@ -54,7 +54,8 @@ const views = {
     const names = Object.keys(c.resources);
     const nodes = table("nodes-table", [
       ["Node", (n) => `<code>${esc(n.node_id)}</code>`],
-      ["Address", (n) => esc(n.address)],
+      ["Address", (n) => esc(n.address) + (n.metrics_address ?
+        `<br><small>metrics: http://${esc(n.metrics_address)}/metrics</small>` : "")],
       ["State", (n) => state(n.alive ? "ALIVE" : "DEAD")],
       ...names.map((name) => [name + " used/total", (n) => {
         const r = n.resources[name];
@@ -152,12 +153,19 @@ const views = {
       <h2>By owner</h2>${owners}<h2>Objects</h2>${objects}`;
   },
 
-  async logs() {
-    const files = await api("/api/logs");
-    return table("logs-table", [
-      ["Log", (f) => `<a href="#log/${esc(f.name)}">${esc(f.name)}</a>`], ["Kind", (f) => esc(f.kind)],
-      ["Size", (f) => esc(bytes(f.size))], ["Modified", (f) => esc(time(f.modified * 1000))],
-    ], files);
+  async logs(query) {
+    const nodes = await api("/api/logs");
+    fillNodes(nodes);
+    const chosen = new URLSearchParams(query).get("node") || "";
+    const shown = nodes.filter((n) => !chosen || n.node_id === chosen);
+    if (!shown.length) return `<p id="logs-none">No alive node${chosen ? " " + esc(chosen) : ""}.</p>`;
+    return shown.map((n) => `<h2>Node <code>${esc(n.node_id.slice(0, 12))}</code> at ${esc(n.address)}</h2>
+      ${n.error ? `<p class="error">${esc(n.error)}</p>` : ""}${table("logs-" + n.node_id, [
+      ["Log", (f) => `<a href="#log/${esc(n.node_id)}/${esc(encodeURIComponent(f.name))}">${esc(f.name)}</a>`],
+      ["Size", (f) => esc(bytes(f.size))], ["Worker pid", (f) => f.pid ? esc(f.pid) : ""],
+      ["Actor", (f) => f.actor_id ? `<code>${esc(f.actor_id)}</code>` : ""],
+      ["Modified", (f) => esc(time(f.modified * 1000))],
+    ], n.files)}`).join("");
   },
 
   async timeline() {
@@ -184,6 +192,19 @@ const views = {
 const titles = {cluster: "Cluster", jobs: "Jobs", tasks: "Tasks", task: "Task", actors: "Actors",
   objects: "Objects", logs: "Logs", log: "Log", timeline: "Timeline"};
 
+// The node chooser of the logs view: drawn once with the view, its options filled (and
+// kept) as the nodes come and go, so a refresh does not close it under the user.
+function fillNodes(nodes) {
+  const select = $("log-node");
+  const ids = nodes.map((n) => n.node_id);
+  if (!select || select.dataset.ids === ids.join()) return;
+  const chosen = new URLSearchParams(route().query).get("node") || "";
+  select.innerHTML = `<option value="">every node</option>` + nodes.map((n) =>
+    `<option value="${esc(n.node_id)}">${esc(n.node_id.slice(0, 12))} (${esc(n.address)})</option>`).join("");
+  select.value = ids.includes(chosen) ? chosen : "";
+  select.dataset.ids = ids.join();
+}
+
 function route() {
   const [name, ...rest] = (location.hash.slice(1) || "cluster").split("/");
   const [view, query] = name.split("?");
@@ -201,18 +222,24 @@ function controls({view, arg, query}) {
     return `<p><a id="timeline-download" href="/api/timeline?download=1" download="timeline.json">Download the trace (Chrome trace JSON)</a>,
       then open it in chrome://tracing or ui.perfetto.dev.</p>`;
   }
+  if (view === "logs") {
+    return `<label class="controls">Node <select id="log-node"><option value="">every node</option></select></label>`;
+  }
   if (view === "log") {
-    return `<label><input type="checkbox" id="follow" checked> Follow</label> <code>${esc(arg)}</code>`;
+    const [node, name] = splitLog(arg);
+    return `<label><input type="checkbox" id="follow" checked> Follow</label>
+      <code id="log-name">${esc(name)}</code> on node <code>${esc(node.slice(0, 12))}</code>`;
   }
   return "";
 }
 
 async function draw() {
   const r = route();
+  const hash = location.hash;
   if (r.view === "log") return;
   try {
-    const html = await views[r.view](r.view === "tasks" ? r.query : r.arg);
-    if (route().view !== r.view) return; // the user moved on meanwhile
+    const html = await views[r.view](["tasks", "logs"].includes(r.view) ? r.query : r.arg);
+    if (location.hash !== hash) return; // the user moved on meanwhile
     $("content").innerHTML = html;
     $("error").textContent = "";
     $("updated").textContent = "updated " + new Date().toLocaleTimeString();
@@ -221,20 +248,29 @@ async function draw() {
   }
 }
 
-async function follow(name) {
-  const mine = {name, offset: -65536};
+// "#log/NODE/NAME" names a file of one node: [NODE, NAME].
+function splitLog(arg) {
+  const slash = arg.indexOf("/");
+  return slash < 0 ? ["", arg] : [arg.slice(0, slash), arg.slice(slash + 1)];
+}
+
+async function follow(arg) {
+  const [node, name] = splitLog(arg);
+  const path = `/api/logs/${encodeURIComponent(node)}/${encodeURIComponent(name)}`;
+  const mine = {offset: -65536};
   followed = mine;
   $("content").innerHTML = `<pre id="log-text"></pre>`;
   while (followed === mine) {
     try {
       const wait = $("follow") && $("follow").checked ? FOLLOW_WAIT_S : 0;
-      const chunk = await api(`/api/logs/${encodeURIComponent(name)}?offset=${mine.offset}&wait=${wait}`);
+      const chunk = await api(`${path}?offset=${mine.offset}&wait=${wait}`);
       if (followed !== mine) return;
       const pre = $("log-text");
       const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
       pre.textContent += chunk.text;
       if (atBottom) pre.scrollTop = pre.scrollHeight;
       mine.offset = chunk.next_offset;
+      $("error").textContent = "";
       $("updated").textContent = "read " + new Date().toLocaleTimeString();
       if (!wait) await new Promise((done) => setTimeout(done, REFRESH_MS));
     } catch (err) {
@@ -254,6 +290,12 @@ function show() {
   }
   $("controls").innerHTML = controls(r);
   $("content").innerHTML = "";
+  const nodes = $("log-node");
+  if (nodes) {
+    nodes.addEventListener("change", () => {
+      location.hash = "logs" + (nodes.value ? "?node=" + encodeURIComponent(nodes.value) : "");
+    });
+  }
   const form = $("task-filter");
   if (form) {
     form.addEventListener("submit", (event) => {
