@@ -15,6 +15,7 @@ from rtml.control_plane.keys import Keys
 from rtml.control_plane.redis_server import RedisProcess, find_redis_server, start_redis
 from rtml.control_plane.tables import (
     RAN,
+    RAN_FAILED,
     SUBMITTED,
     ControlPlane,
     location_field,
@@ -28,6 +29,7 @@ from rtml.control_plane.writer import BatchedWriter
 __all__ = [
     "OWN_USER",
     "RAN",
+    "RAN_FAILED",
     "SUBMITTED",
     "location_field",
     "chrome_trace",

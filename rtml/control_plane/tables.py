@@ -58,15 +58,24 @@ _FINAL = frozenset({"FINISHED", "FAILED"})  # task statuses no later PENDING und
 
 SUBMITTED = 0
 """Tag of a compact task record written as a task is pushed (status PENDING, attempt 0)."""
-RAN = 1
-"""Tag of a compact task record written once a task ran (FINISHED, or FAILED by its code)."""
+RAN = 2
+"""Tag of a compact task record written once a task ran and FINISHED; its phases are
+microseconds from its start (``_PHASES``), which pack in a byte or two where a time
+takes nine. (Tag 1 was an earlier layout with the status a field: readers skip it.)"""
+RAN_FAILED = 3
+"""As ``RAN``, for a task that FAILED by its code."""
+_RAN_FIELDS = ("task_id", "attempt", "start_ts", "worker_pid", "node_id", "end_us", "args_us",
+               "ran_us", "call")
 _COMPACT: dict[int, tuple[tuple[str, ...], dict[str, Any]]] = {
     SUBMITTED: (("task_id", "name", "job_id", "owner_id", "function_id", "submit_ts"),
                 {"status": "PENDING", "attempt": 0}),
-    RAN: (("task_id", "attempt", "status", "start_ts", "end_ts", "worker_pid", "node_id",
-           "args_ts", "run_end_ts", "call"), {}),
+    RAN: (_RAN_FIELDS, {"status": "FINISHED"}),
+    RAN_FAILED: (_RAN_FIELDS, {"status": "FAILED"}),
 }
 """tag -> (the fields that follow it, in order; the fields it implies)."""
+_PHASES = (("end_us", "end_ts"), ("args_us", "args_ts"), ("ran_us", "run_end_ts"))
+"""A ran record's phases as written (us from ``start_ts``; -1: not reached) and as read
+(times; 0.0: not reached)."""
 TaskRecordData = dict[str, Any] | tuple[Any, ...]
 """A task record as written: a dict, or a compact tuple (see ``write_task_records``)."""
 
@@ -427,8 +436,8 @@ class ControlPlane:
         """Add a batch of task records (each with a ``task_id``) to the lineage table.
 
         A record is a dict, or for the two written per task on the hot path a tuple: a
-        tag (``SUBMITTED`` or ``RAN``) and its fields in order (see ``_COMPACT``), which
-        costs its writer a quarter of a dict's time to build and pack.
+        tag (``SUBMITTED``, ``RAN`` or ``RAN_FAILED``) and its fields in order (see
+        ``_COMPACT``), which costs its writer a quarter of a dict's time to build and pack.
 
         The table is one hash with one field per batch: ``batch_id`` (a writer's own
         prefix and a big-endian sequence number, so that its batches sort in the order
@@ -728,14 +737,20 @@ class ControlPlane:
 
 
 def _expand(stored: Any) -> dict[str, Any] | None:
-    """A stored task record as a dict (a compact one expanded: one written before fields
-    were added has the first ones); None if it is neither."""
+    """A stored task record as a dict (a compact one expanded, its phases as times);
+    None if it is neither."""
     if isinstance(stored, dict):
         return stored
     if isinstance(stored, list) and stored and stored[0] in _COMPACT:
         fields, implied = _COMPACT[stored[0]]
-        if 1 < len(stored) <= len(fields) + 1:
-            return {**implied, **dict(zip(fields, stored[1:], strict=False))}
+        if len(stored) == len(fields) + 1:
+            record = {**implied, **dict(zip(fields, stored[1:], strict=True))}
+            if fields is _RAN_FIELDS:
+                start = record["start_ts"]
+                for written, read in _PHASES:
+                    us = record.pop(written)
+                    record[read] = start + us / 1e6 if us >= 0 else 0.0
+            return record
     return None
 
 

@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rtml.control_plane import RAN, SUBMITTED, BatchedWriter
+from rtml.control_plane import RAN, RAN_FAILED, SUBMITTED, BatchedWriter
 from rtml.core.actor_caller import ActorCaller, ActorLives
 from rtml.core.generators import DynamicObjectRefGenerator
 from rtml.core.kept_calls import kept_call
@@ -594,10 +594,9 @@ def _lineage(record: TaskRecord, msg: m.TaskResult) -> tuple[Any, ...]:
     its phases and what replay needs of its call (``kept_calls``; an actor call's actor
     id, as it cannot be replayed)."""
     spec = record.spec
-    return (RAN, spec.task_id, spec.attempt,
-            "FAILED" if msg.returns and msg.returns[0].is_error else "FINISHED",
-            msg.start_ts, msg.end_ts, msg.worker_pid, msg.node_id, msg.args_ts,
-            msg.run_end_ts, spec.actor_id or kept_call(spec))
+    return (RAN_FAILED if msg.returns and msg.returns[0].is_error else RAN, spec.task_id,
+            spec.attempt, msg.start_ts, msg.worker_pid, msg.node_id, msg.end_us, msg.args_us,
+            msg.ran_us, spec.actor_id or kept_call(spec))
 
 
 def _in_store(msg: m.TaskResult) -> bool:

@@ -298,7 +298,7 @@ class TaskSubmitter:
                     self._function_wanted(worker, record, msg.function_id, wanted, failed)
                     continue
                 if not msg.cancelled:  # a cancelled run's length says nothing of the function's
-                    run_times.record(record.spec.function_id, msg.end_ts - msg.start_ts)
+                    run_times.record(record.spec.function_id, msg.end_us / 1e6)
                 if (record.retry_exceptions and not record.cancelled
                         and events.should_retry_exception(record, msg)):
                     record.spec.attempt += 1

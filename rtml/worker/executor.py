@@ -74,6 +74,11 @@ def set_visible_gpus(gpu_ids: Sequence[int]) -> None:
         os.environ.pop(CUDA_ENV, None)
 
 
+def _since(start: float, ts: float) -> int:
+    """Microseconds from ``start`` to ``ts``; -1 for a phase not reached (``ts`` 0.0)."""
+    return int((ts - start) * 1e6) if ts else -1
+
+
 class _Failed(Exception):
     """An argument is an error value: the task fails with it without running."""
 
@@ -486,13 +491,15 @@ class Executor:
                 start: float, args_ts: float = 0.0, run_end_ts: float = 0.0) -> m.TaskResult:
         """The task's result, timed: ``start`` (it arrived), ``args_ts`` (its arguments
         were ready), ``run_end_ts`` (its code returned), and now (its returns are stored):
-        the phases of its timeline (0.0: a phase it did not reach)."""
+        the phases of its timeline (0.0: a phase it did not reach), sent as microseconds
+        from ``start``, which pack in a byte or two (the task table keeps them)."""
         if returns and returns[0].is_error:
             self.failed += 1
         else:
             self.finished += 1
-        return m.TaskResult(spec.task_id, returns, start, time.time(), self.pid, self.rt.node_id,
-                            False, args_ts, run_end_ts)
+        return m.TaskResult(spec.task_id, returns, start, int((time.time() - start) * 1e6),
+                            self.pid, self.rt.node_id, False, _since(start, args_ts),
+                            _since(start, run_end_ts))
 
     def _cancelled(self, spec: m.TaskSpec, start: float) -> m.TaskResult:
         error = TaskCancelledError(f"task {spec.name!r} was cancelled")

@@ -15,7 +15,7 @@ import pytest
 
 from rtml.control_plane import BatchedWriter, ControlPlane, RedisProcess, start_redis
 from rtml.control_plane.resp import AuthError, RespClient
-from rtml.control_plane.tables import RAN, SUBMITTED
+from rtml.control_plane.tables import RAN, RAN_FAILED, SUBMITTED
 from rtml.exceptions import RtmlSystemError
 
 
@@ -170,18 +170,32 @@ def test_a_record_without_a_task_id_does_not_break_the_listing(plane: ControlPla
 
 def test_compact_task_records_expand_and_merge_with_dicts(plane: ControlPlane) -> None:
     # The two records an owner writes per task are tuples; the ran one may sort first.
-    task, owner, node = b"\x16" * 16, b"\x05" * 16, b"\x06" * 16
+    # Its phases are written as us from its start, and read as times (0.0: not reached).
+    task, failed, owner, node = b"\x16" * 16, b"\x17" * 16, b"\x05" * 16, b"\x06" * 16
     job = b"\x00\x00\x00\x09"
-    plane.write_task_records([(RAN, task, 0, "FINISHED", 2.0, 3.0, 4242, node)], b"\x00" * 16)
+    call = [(), (), 1, None]
+    plane.write_task_records([(RAN, task, 0, 2.0, 4242, node, 1_000_000, 250_000, 750_000,
+                               call),
+                              (RAN_FAILED, failed, 0, 5.0, 4243, node, 500_000, -1, -1, call)],
+                             b"\x00" * 16)
     plane.write_task_records([(SUBMITTED, task, "f", job, owner, b"\xaa" * 20, 1.0),
-                              [SUBMITTED, b"short"], (9, task)], b"\x01" * 16)
-    [found] = [t for t in plane.list_tasks() if t["task_id"] == task.hex()]
-    assert found == {"task_id": task.hex(), "name": "f", "job_id": job.hex(),
-                     "owner_id": owner.hex(), "function_id": (b"\xaa" * 20).hex(),
-                     "submit_ts": 1.0, "status": "FINISHED", "attempt": 0,
-                     "start_ts": 2.0, "end_ts": 3.0, "worker_pid": 4242,
-                     "node_id": node.hex()}
-    assert len(plane.list_tasks({"job_id": job.hex()})) == 1  # the malformed ones skipped
+                              (SUBMITTED, failed, "g", job, owner, b"\xaa" * 20, 4.0),
+                              [SUBMITTED, b"short"], (9, task),
+                              (1, task, 0, "FAILED", 2.0, 3.0, 4242, node)],  # tag 1: retired
+                             b"\x01" * 16)
+    found = {t["task_id"]: t for t in plane.list_tasks({"job_id": job.hex()})}
+    assert found[task.hex()] == {
+        "task_id": task.hex(), "name": "f", "job_id": job.hex(), "owner_id": owner.hex(),
+        "function_id": (b"\xaa" * 20).hex(), "submit_ts": 1.0, "status": "FINISHED",
+        "attempt": 0, "start_ts": 2.0, "end_ts": 3.0, "args_ts": 2.25, "run_end_ts": 2.75,
+        "worker_pid": 4242, "node_id": node.hex()}
+    assert {k: found[failed.hex()][k] for k in ("status", "attempt", "start_ts", "end_ts",
+                                                 "args_ts", "run_end_ts", "worker_pid")} == {
+        "status": "FAILED", "attempt": 0, "start_ts": 5.0, "end_ts": 5.5, "args_ts": 0.0,
+        "run_end_ts": 0.0, "worker_pid": 4243}
+    assert len(found) == 2  # the malformed and retired ones skipped
+    record, kept = plane.task_call(task)
+    assert kept == [[], [], 1, None] and record["run_end_ts"] == 2.75
 
 
 def test_objects_round_trip(plane: ControlPlane) -> None:

@@ -111,7 +111,7 @@ SAMPLES = [
     m.PushTask(_spec()),
     m.TaskResult(b"t" * 16, (m.ReturnObject(b"o" * 24, m.Payload(b"v"), 1),
                              m.ReturnObject(b"p" * 24, None, 4096, is_error=True)),
-                 1.5, 2.5, 99, b"n" * 16, cancelled=True),
+                 1.5, 2500, 99, b"n" * 16, cancelled=True, args_us=0, ran_us=1800),
     m.RequestLease(7, {"CPU": 1.0, "GPU": 0.5, "custom": 2.0}),
     m.LeaseGranted(7, 3, b"w" * 16, "unix:/tmp/x.sock", (1,)),
     m.LeaseFailed(7, "infeasible"),
@@ -173,7 +173,7 @@ def test_messages_decoded_and_built_are_not_tracked_by_the_collector() -> None:
                       b"o" * 16)
     pushed = m.decode(m.encode(m.PushTask(spec)))
     assert isinstance(pushed, m.PushTask) and pushed.spec == spec
-    result = m.TaskResult(b"t" * 16, (m.ReturnObject(b"r", m.Payload(b"v")),), 0.0, 0.0, 1,
+    result = m.TaskResult(b"t" * 16, (m.ReturnObject(b"r", m.Payload(b"v")),), 0.0, 0, 1,
                           b"n")
     for value in (spec, spec.args[0], spec.args[0].value, pushed, pushed.spec, result):
         assert not gc.is_tracked(value), type(value).__name__

@@ -40,7 +40,7 @@ from rtml.ids import (
     TaskID,
 )
 
-PROTOCOL_VERSION = 12
+PROTOCOL_VERSION = 13
 
 STREAMING: Final = -1
 """``TaskSpec.num_returns`` of a generator task: its items stream to the owner as

@@ -27,13 +27,13 @@ class PushTask(Msg, tag=10):
 class TaskResult(Msg, tag=11):
     task_id: TaskID
     returns: tuple[ReturnObject, ...]
-    start_ts: float
-    end_ts: float
+    start_ts: float  # when it reached the worker; then its phases, in us from then:
+    end_us: int  # its returns stored (the task's end)
     worker_pid: int
     node_id: NodeID
     cancelled: bool = False
-    args_ts: float = 0.0  # when its arguments were ready (fetched, deserialized)
-    run_end_ts: float = 0.0  # when its code returned (then its results were stored)
+    args_us: int = -1  # its arguments ready (fetched, deserialized); -1: not reached
+    ran_us: int = -1  # its code returned; -1: not reached
 
 
 class CancelCall(Msg, tag=12):
