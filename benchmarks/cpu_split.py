@@ -1,14 +1,16 @@
 """Where a task burst's CPU goes: CPU time per task in each process of an embedded
 cluster (and in each thread of the driver), read from /proc before and after.
 
-    python benchmarks/cpu_split.py [--tasks 100000] [--actor] [--repeats 3]
+    python benchmarks/cpu_split.py [--tree PATH] [--tasks 100000] [--actor] [--repeats 3]
 
 A burst's throughput on this 2-core machine is bounded by the CPU all its processes use
 together, so a change that slows bursts shows here as microseconds a task in some
 process: the owner's main thread, its writer thread, the worker, the node manager, Redis.
 Unlike a throughput A/B it names the process that pays, and it is steadier (CPU time
-does not count the time a process waits for a core). Run it with a tree first on
-``PYTHONPATH`` to measure that tree.
+does not count the time a process waits for a core). ``--tree`` measures another
+checkout (``git worktree add``, compiled as ``ab.py`` says): its ``rtml`` is imported, and
+it is the working directory, so that the cluster's daemons and workers (started with
+``python -m``, whose first path is the working directory) run its code too.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import threading
 from collections import defaultdict
 from pathlib import Path
@@ -84,7 +87,14 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=100_000)
     parser.add_argument("--actor", action="store_true", help="actor calls, not tasks")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--tree", default=str(Path(__file__).resolve().parent.parent),
+                        help="the checkout to measure (default: this one)")
     args = parser.parse_args()
+    tree = os.path.abspath(args.tree)
+    os.chdir(tree)
+    sys.path.insert(0, tree)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [tree, *filter(None, [os.environ.get("PYTHONPATH")])])
 
     import rtml
 
