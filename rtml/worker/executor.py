@@ -497,8 +497,8 @@ class Executor:
             self.failed += 1
         else:
             self.finished += 1
-        return m.TaskResult(spec.task_id, returns, start, int((time.time() - start) * 1e6),
-                            self.pid, self.rt.node_id, False, _since(start, args_ts),
+        return m.TaskResult(spec.task_id, returns, start, _since(start, time.time()), self.pid,
+                            self.rt.node_id, False, _since(start, args_ts),
                             _since(start, run_end_ts))
 
     def _cancelled(self, spec: m.TaskSpec, start: float) -> m.TaskResult:
