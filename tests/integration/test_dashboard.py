@@ -139,6 +139,18 @@ class Dash:
                 return value
             time.sleep(0.25)
 
+    def settled(self, path: str, timeout: float = 20.0) -> Any:
+        """The API's answer at ``path`` once two reads a second apart agree (task
+        records flush in batches; node managers' events with their heartbeats, 0.5 s)."""
+        deadline = time.monotonic() + timeout
+        value = self.api(path)
+        while time.monotonic() < deadline:
+            time.sleep(1.0)
+            value, before = self.api(path), value
+            if value == before:
+                break
+        return value
+
 
 @pytest.fixture(scope="module")
 def dash(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dash]:
@@ -357,7 +369,8 @@ def test_actor_and_memory(dash: Dash) -> None:
 
 
 def test_timeline_in_the_api_as_rtml_timeline_writes_it(dash: Dash) -> None:
-    events = dash.until("/api/timeline", lambda e: len(e) >= 6)
+    assert len(dash.until("/api/timeline", lambda e: len(e) >= 6)) >= 6
+    events = dash.settled("/api/timeline")  # (then the CLI reads the same)
     trace = dash.head.cwd / "trace.json"
     assert dash.head.cli("timeline", "-o", str(trace)).returncode == 0
     assert sorted(e["name"] for e in json.loads(trace.read_text())) == sorted(
